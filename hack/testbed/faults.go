@@ -1,0 +1,170 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// gracefulStopLimit bounds GracefulStop beyond --shutdown-delay-duration.
+const gracefulStopLimit = 60 * time.Second
+
+// Kill SIGKILLs the apiserver and waits until it is gone. Its address stays
+// in the kubernetes EndpointSlice until its lease expires and a peer
+// reconciles: 5 to 25 s (measured 14-20 s). No-op when not running.
+func (s *APIServer) Kill() error {
+	proc := s.current()
+	if proc == nil {
+		return nil
+	}
+	err := proc.kill()
+	s.mu.Lock()
+	s.hung = false
+	s.mu.Unlock()
+	return err
+}
+
+// Hang SIGSTOPs the apiserver: connections are accepted by the kernel
+// (backlog) but nothing answers, so requests time out. It stops renewing
+// its lease, so after 5 to 25 s (measured ~20 s) it leaves the
+// EndpointSlice; after Resume it lists itself again at once. Undo with
+// Resume.
+func (s *APIServer) Hang() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.runningLocked() || s.hung {
+		return nil
+	}
+	if err := s.proc.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	s.hung = true
+	return nil
+}
+
+// Resume SIGCONTs a hung apiserver. No-op when not hung.
+func (s *APIServer) Resume() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.runningLocked() || !s.hung {
+		s.hung = false
+		return nil
+	}
+	if err := s.proc.signal(syscall.SIGCONT); err != nil {
+		return err
+	}
+	s.hung = false
+	return nil
+}
+
+// Hung reports whether the apiserver is SIGSTOPped.
+func (s *APIServer) Hung() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hung && s.runningLocked()
+}
+
+// Blackhole drops every packet to and from this apiserver's address and
+// port (iptables DROP in INPUT and OUTPUT, both directions): new
+// connections and established ones time out. The apiserver's own
+// connections are spared (see LoopbackExempt), so it keeps its lease and
+// stays listed Ready in the EndpointSlice, like a server cut off from its
+// clients but not from etcd. Replaces a Reject. Undo with Restore.
+func (s *APIServer) Blackhole() error {
+	if err := s.bed.fw.set(s.host, blackholeRules(s.host, APIServerPort)); err != nil {
+		return fmt.Errorf("%s: blackhole: %w", s.name, err)
+	}
+	return nil
+}
+
+// Reject answers every packet to and from this apiserver's address and
+// port with a TCP reset (iptables REJECT --reject-with tcp-reset): new
+// connections are refused, established ones reset. Replaces a Blackhole.
+// Undo with Restore.
+func (s *APIServer) Reject() error {
+	if err := s.bed.fw.set(s.host, rejectRules(s.host, APIServerPort)); err != nil {
+		return fmt.Errorf("%s: reject: %w", s.name, err)
+	}
+	return nil
+}
+
+// Restore removes a Blackhole or Reject. No-op when there is none.
+func (s *APIServer) Restore() error {
+	if err := s.bed.fw.set(s.host, nil); err != nil {
+		return fmt.Errorf("%s: restore: %w", s.name, err)
+	}
+	return nil
+}
+
+// NetworkFault reports the active network fault: "blackhole", "reject" or "".
+func (s *APIServer) NetworkFault() string {
+	rules := s.bed.fw.active(s.host)
+	if len(rules) == 0 {
+		return ""
+	}
+	if slices.Contains(rules[0].spec, "DROP") {
+		return "blackhole"
+	}
+	return "reject"
+}
+
+// Terminate sends SIGTERM (resuming a hung server first) and returns at
+// once: the apiserver removes its address from the kubernetes
+// EndpointSlice, fails /readyz for the shutdown delay while still serving,
+// then exits. Wait for the exit with Wait.
+//
+// SIGTERM is sent once per process: kube-apiserver exits at once (status
+// 1, no shutdown delay) on a second signal.
+func (s *APIServer) Terminate() error {
+	if err := s.Resume(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil || s.proc.terminated {
+		return nil
+	}
+	if err := s.proc.signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	s.proc.terminated = true
+	return nil
+}
+
+// Wait blocks until the apiserver process has exited or ctx ends.
+func (s *APIServer) Wait(ctx context.Context) error {
+	proc := s.current()
+	if proc == nil {
+		return nil
+	}
+	return proc.wait(ctx)
+}
+
+// GracefulStop terminates the apiserver (see Terminate) and waits for it
+// to exit: at most the shutdown delay plus one minute, or until ctx ends.
+func (s *APIServer) GracefulStop(ctx context.Context) error {
+	if err := s.Terminate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.bed.shutdownDelay+gracefulStopLimit)
+	defer cancel()
+	if err := s.Wait(ctx); err != nil {
+		return fmt.Errorf("%s: graceful stop: %w", s.name, err)
+	}
+	return nil
+}
+
+// Restart starts the apiserver again on the same address (stopping it
+// gracefully first if it still runs) and waits until /readyz is ok and the
+// kubernetes EndpointSlice lists it Ready. Network faults stay in place
+// (Restore them first); a blackholed or rejected server never becomes ready.
+func (s *APIServer) Restart(ctx context.Context) error {
+	if s.Running() {
+		if err := s.GracefulStop(ctx); err != nil {
+			return err
+		}
+	}
+	return s.bed.startAndWait(ctx, s)
+}

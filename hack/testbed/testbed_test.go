@@ -1,0 +1,541 @@
+package testbed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+)
+
+// netnsErr is why the process could not enter a private network namespace.
+var netnsErr error
+
+func TestMain(m *testing.M) {
+	if err := testbed.ReexecInNetns(); err != nil {
+		if strict() {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		netnsErr = err
+	}
+	os.Exit(m.Run())
+}
+
+// strict is true in CI and e2e runs: missing prerequisites fail, never skip.
+func strict() bool {
+	return os.Getenv("CI") == "true" || os.Getenv("APIFAILOVER_E2E") == "1"
+}
+
+// startBed starts a bed or skips (outside CI/e2e runs) when the machine is
+// not prepared.
+func startBed(t *testing.T, ctx context.Context, opts testbed.Options) *testbed.Bed {
+	t.Helper()
+	if netnsErr != nil {
+		t.Skipf("no private network namespace (set APIFAILOVER_E2E=1 to fail instead): %v", netnsErr)
+	}
+	if !strict() {
+		if err := testbed.CheckPrerequisites(opts); err != nil {
+			t.Skipf("prerequisites missing (set APIFAILOVER_E2E=1 to install/build and fail instead):\n%v", err)
+		}
+	}
+	opts.InstallDeps = strict() && os.Geteuid() == 0
+	if opts.Dir == "" {
+		// APIFAILOVER_TESTBED_DIR keeps certificates, kubeconfigs and
+		// logs for inspection.
+		opts.Dir = os.Getenv("APIFAILOVER_TESTBED_DIR")
+	}
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	if opts.Log == nil {
+		opts.Log = t.Output()
+	}
+	began := time.Now()
+	bed, err := testbed.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Logf("bed with %d apiservers up in %s", opts.APIServers, time.Since(began).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if err := bed.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return bed
+}
+
+// freshClient is an admin clientset for apiserver s with its own
+// transport (a Dial func of its own keeps client-go from sharing cached
+// connections) and a short timeout.
+func freshClient(t *testing.T, bed *testbed.Bed, s *testbed.APIServer, timeout time.Duration) kubernetes.Interface {
+	t.Helper()
+	cfg := bed.RESTConfig(testbed.Direct(s.Index()))
+	cfg.Timeout = timeout
+	cfg.Dial = (&net.Dialer{}).DialContext
+	cfg.WarningHandler = rest.NoWarnings{}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// call makes one cheap authenticated request.
+func call(ctx context.Context, cs kubernetes.Interface) error {
+	_, err := cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout()) ||
+		strings.Contains(err.Error(), "Client.Timeout exceeded") ||
+		strings.Contains(err.Error(), "context deadline exceeded")
+}
+
+// expect fails unless call against a fresh client of s fails as want says.
+func expectFailure(t *testing.T, ctx context.Context, bed *testbed.Bed, s *testbed.APIServer, what string, want func(error) bool) {
+	t.Helper()
+	began := time.Now()
+	err := call(ctx, freshClient(t, bed, s, 2*time.Second))
+	if err == nil {
+		t.Fatalf("%s: request to %s succeeded", what, s.Addr())
+	}
+	if !want(err) {
+		t.Fatalf("%s: request to %s: unexpected error (%T): %v", what, s.Addr(), err, err)
+	}
+	t.Logf("%s: request to %s failed after %s: %v", what, s.Addr(), time.Since(began).Round(time.Millisecond), err)
+}
+
+func expectWorks(t *testing.T, ctx context.Context, bed *testbed.Bed, s *testbed.APIServer) {
+	t.Helper()
+	if err := call(ctx, freshClient(t, bed, s, 5*time.Second)); err != nil {
+		t.Fatalf("request to %s: %v", s.Addr(), err)
+	}
+}
+
+func addrs(servers []*testbed.APIServer) []string {
+	var out []string
+	for _, s := range servers {
+		out = append(out, s.Addr())
+	}
+	return out
+}
+
+// childPIDs lists the processes whose parent is this process.
+func childPIDs(t *testing.T) []int {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid ...; comm may contain spaces.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(fields[1]); ppid == os.Getpid() {
+			pid, _ := strconv.Atoi(strings.Fields(s)[0])
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func alive(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}
+
+func TestSmoke(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	bed := startBed(t, ctx, testbed.Options{APIServers: 3})
+	servers := bed.APIServers()
+	if len(servers) != 3 {
+		t.Fatalf("APIServers() = %d servers, want 3", len(servers))
+	}
+
+	t.Run("endpointslice lists all", func(t *testing.T) {
+		got, err := bed.ReadyEndpoints(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"10.250.0.1:6443", "10.250.0.2:6443", "10.250.0.3:6443"}
+		if !slices.Equal(got, want) {
+			t.Fatalf("ready endpoints %v, want %v", got, want)
+		}
+		for _, s := range servers {
+			if err := s.Readyz(ctx); err != nil {
+				t.Errorf("%s: %v", s.Name(), err)
+			}
+			expectWorks(t, ctx, bed, s)
+		}
+	})
+
+	t.Run("kubectl", func(t *testing.T) {
+		out, err := bed.Kubectl(ctx, "get", "endpointslices", "-n", "default",
+			"-l", discoveryv1.LabelServiceName+"=kubernetes", "-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Fields(out); len(got) != 3 {
+			t.Fatalf("kubectl lists %q, want 3 addresses", out)
+		}
+		if _, err := os.Stat(bed.KubeconfigPath(testbed.Origin)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("identities", func(t *testing.T) {
+		nodeCfg := bed.RESTConfigAs(testbed.Origin, testbed.Node)
+		nodeCfg.WarningHandler = rest.NoWarnings{} // "v1 Endpoints is deprecated"
+		node, err := kubernetes.NewForConfig(nodeCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Node authorizer + NodeRules: get core endpoints, nothing on slices.
+		if _, err := node.CoreV1().Endpoints(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil {
+			t.Errorf("node get endpoints/kubernetes: %v", err)
+		}
+		if _, err := node.CoreV1().Services(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{}); err != nil {
+			t.Errorf("node list services: %v", err)
+		}
+		_, err = node.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("node list endpointslices: got %v, want Forbidden", err)
+		}
+		lpCfg := bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity)
+		lpCfg.WarningHandler = rest.NoWarnings{}
+		lp, err := kubernetes.NewForConfig(lpCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lp.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{}); err != nil {
+			t.Errorf("localproxy list endpointslices: %v", err)
+		}
+		if _, err := lp.CoreV1().Endpoints(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil {
+			t.Errorf("localproxy get endpoints/kubernetes: %v", err)
+		}
+		if _, err := lp.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("localproxy list secrets: got %v, want Forbidden", err)
+		}
+	})
+
+	s := servers[1]
+	// heal undoes whatever a failed subtest left on s.
+	heal := func(t *testing.T) {
+		t.Cleanup(func() {
+			if err := errors.Join(s.Resume(), s.Restore()); err != nil {
+				t.Errorf("heal %s: %v", s.Name(), err)
+			}
+			if !s.Running() {
+				if err := s.Restart(ctx); err != nil {
+					t.Errorf("heal %s: %v", s.Name(), err)
+				}
+			}
+		})
+	}
+
+	t.Run("kill", func(t *testing.T) {
+		heal(t)
+		pid := s.PID()
+		if err := s.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if alive(pid) {
+			t.Fatalf("pid %d alive after Kill", pid)
+		}
+		if err := s.Kill(); err != nil {
+			t.Fatalf("second Kill: %v", err)
+		}
+		expectFailure(t, ctx, bed, s, "killed", func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) })
+
+		began := time.Now()
+		others := []string{servers[0].Addr(), servers[2].Addr()}
+		if err := bed.WaitEndpoints(ctx, others, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("fact: SIGKILLed %s left the EndpointSlice after %s", s.Addr(), time.Since(began).Round(100*time.Millisecond))
+
+		began = time.Now()
+		if err := s.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("restart took %s", time.Since(began).Round(100*time.Millisecond))
+		if s.PID() == pid {
+			t.Fatalf("Restart kept pid %d", pid)
+		}
+		expectWorks(t, ctx, bed, s)
+	})
+
+	t.Run("blackhole", func(t *testing.T) {
+		heal(t)
+		established := freshClient(t, bed, s, 2*time.Second)
+		if err := call(ctx, established); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Blackhole(); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(ctx, established); err == nil || !isTimeout(err) {
+			t.Fatalf("established connection: got %v, want a timeout", err)
+		}
+		if err := s.Blackhole(); err != nil {
+			t.Fatalf("second Blackhole: %v", err)
+		}
+		if got := s.NetworkFault(); got != "blackhole" {
+			t.Fatalf("NetworkFault() = %q", got)
+		}
+		expectFailure(t, ctx, bed, s, "blackholed", isTimeout)
+		// The apiserver's own (loopback) connections are exempt, as on a
+		// real host: it keeps its lease and stays listed.
+		if bed.LoopbackExempt() {
+			if err := tcpConnect(ctx, s.Addr(), testbed.APIServerGID); err != nil {
+				t.Errorf("connect as group %d (apiserver loopback): %v", testbed.APIServerGID, err)
+			}
+			if err := tcpConnect(ctx, s.Addr(), 0); err == nil {
+				t.Errorf("connect as group 0 through the blackhole succeeded")
+			}
+		}
+		if err := s.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Restore(); err != nil {
+			t.Fatalf("second Restore: %v", err)
+		}
+		expectWorks(t, ctx, bed, s)
+	})
+
+	t.Run("reject", func(t *testing.T) {
+		heal(t)
+		established := freshClient(t, bed, s, 2*time.Second)
+		if err := call(ctx, established); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Reject(); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.NetworkFault(); got != "reject" {
+			t.Fatalf("NetworkFault() = %q", got)
+		}
+		err := call(ctx, established)
+		if err == nil || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)) {
+			t.Fatalf("established connection: got %v, want reset or refused", err)
+		}
+		t.Logf("rejected, established connection: %v", err)
+		expectFailure(t, ctx, bed, s, "rejected", func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) })
+		if err := s.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		expectWorks(t, ctx, bed, s)
+	})
+
+	t.Run("hang", func(t *testing.T) {
+		heal(t)
+		if err := s.Hang(); err != nil {
+			t.Fatal(err)
+		}
+		if !s.Hung() {
+			t.Fatal("Hung() = false after Hang")
+		}
+		expectFailure(t, ctx, bed, s, "hung", isTimeout)
+		if err := s.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Resume(); err != nil {
+			t.Fatalf("second Resume: %v", err)
+		}
+		expectWorks(t, ctx, bed, s)
+	})
+
+	t.Run("graceful stop", func(t *testing.T) {
+		heal(t)
+		began := time.Now()
+		if err := s.Terminate(); err != nil {
+			t.Fatal(err)
+		}
+		// While shutting down the server still answers, with /readyz failing.
+		var sawNotReady time.Duration
+		err := pollUntil(ctx, 30*time.Second, func() bool {
+			err := s.Readyz(ctx)
+			if err != nil && strings.Contains(err.Error(), "/readyz:") {
+				sawNotReady = time.Since(began)
+				return true
+			}
+			return false
+		})
+		if err != nil {
+			t.Fatalf("never saw /readyz answer not-ready: %v", err)
+		}
+		t.Logf("fact: /readyz failed %s after SIGTERM: %v", sawNotReady.Round(time.Millisecond), s.Readyz(ctx))
+		if !s.Running() {
+			t.Fatal("process gone before the shutdown delay")
+		}
+		others := []string{servers[0].Addr(), servers[2].Addr()}
+		if err := bed.WaitEndpoints(ctx, others, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("fact: terminated %s left the EndpointSlice %s after SIGTERM", s.Addr(), time.Since(began).Round(time.Millisecond))
+		if err := s.GracefulStop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("fact: exited %s after SIGTERM", time.Since(began).Round(time.Millisecond))
+		expectFailure(t, ctx, bed, s, "stopped", func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) })
+		if err := s.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		expectWorks(t, ctx, bed, s)
+	})
+
+	t.Run("add and remove", func(t *testing.T) {
+		began := time.Now()
+		added, err := bed.AddAPIServer(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("AddAPIServer %s took %s", added.Addr(), time.Since(began).Round(time.Millisecond))
+		if added.Addr() != "10.250.0.4:6443" {
+			t.Fatalf("added %s, want 10.250.0.4:6443", added.Addr())
+		}
+		if err := bed.WaitEndpoints(ctx, addrs(bed.APIServers()), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		expectWorks(t, ctx, bed, added)
+
+		began = time.Now()
+		if err := bed.RemoveAPIServer(ctx, added); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("RemoveAPIServer took %s", time.Since(began).Round(time.Millisecond))
+		if err := bed.RemoveAPIServer(ctx, added); err != nil {
+			t.Fatalf("second RemoveAPIServer: %v", err)
+		}
+		if got := addrs(bed.APIServers()); !slices.Equal(got, addrs(servers)) {
+			t.Fatalf("members after remove: %v", got)
+		}
+		if err := bed.WaitEndpoints(ctx, addrs(servers), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("close restores everything", func(t *testing.T) {
+		// Leave faults behind: Close must undo them.
+		if err := servers[0].Hang(); err != nil {
+			t.Fatal(err)
+		}
+		if err := servers[2].Blackhole(); err != nil {
+			t.Fatal(err)
+		}
+		var pids []int
+		for _, s := range servers {
+			pids = append(pids, s.PID())
+		}
+		if len(childPIDs(t)) < 4 {
+			t.Fatalf("expected etcd + 3 apiservers as children, have %v", childPIDs(t))
+		}
+		if err := bed.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := bed.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+		if kids := childPIDs(t); len(kids) != 0 {
+			t.Fatalf("children left after Close: %v", kids)
+		}
+		for _, pid := range pids {
+			if alive(pid) {
+				t.Errorf("pid %d alive after Close", pid)
+			}
+		}
+		out, err := exec.CommandContext(ctx, sbin("iptables"), "-w", "5", "-S").CombinedOutput()
+		if err != nil {
+			t.Fatalf("iptables -S: %v: %s", err, out)
+		}
+		if strings.Contains(string(out), "apifailover-testbed") {
+			t.Errorf("iptables rules left after Close:\n%s", out)
+		}
+		out, err = exec.CommandContext(ctx, sbin("ip"), "-4", "addr", "show", "dev", "lo").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip addr: %v: %s", err, out)
+		}
+		if strings.Contains(string(out), "10.250.0.") {
+			t.Errorf("addresses left on lo after Close:\n%s", out)
+		}
+	})
+}
+
+// pollUntil checks cond every 50 ms until it holds, ctx ends or timeout
+// passes.
+func pollUntil(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// tcpConnect opens a TCP connection to addr from a bash running as group
+// gid, within 2 s.
+func tcpConnect(ctx context.Context, addr string, gid uint32) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/%s", host, port))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 0, Gid: gid, NoSetGroups: true}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// sbin finds an administration tool also when /usr/sbin is not in PATH.
+func sbin(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	for _, d := range []string{"/usr/sbin", "/sbin"} {
+		if _, err := os.Stat(filepath.Join(d, name)); err == nil {
+			return filepath.Join(d, name)
+		}
+	}
+	return name
+}

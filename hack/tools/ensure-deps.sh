@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# ensure-deps.sh - install the OS packages the test bed needs (Debian/Ubuntu).
+#
+#   etcd-server  /usr/bin/etcd, the apiservers' storage (3.4+ works)
+#   iptables     blackhole / reset faults
+#   iproute2     `ip` to configure the private network namespace
+#   openssl      handy for inspecting the generated certificates
+#   util-linux   `unshare` for the private network namespace, `flock`
+#
+# Idempotent: does nothing when every command is present. Installing needs
+# root; as another user it names the missing packages and fails. The Debian
+# etcd service is never left running: service starts are blocked during the
+# install through policy-rc.d and the unit is stopped and disabled afterwards.
+set -euo pipefail
+
+log() { echo "ensure-deps: $*" >&2; }
+
+# command -> package
+declare -A want=(
+  [etcd]=etcd-server
+  [iptables]=iptables
+  [ip]=iproute2
+  [openssl]=openssl
+  [unshare]=util-linux
+  [flock]=util-linux
+)
+
+export PATH="${PATH}:/usr/sbin:/sbin"
+missing=()
+for cmd in "${!want[@]}"; do
+  if ! command -v "${cmd}" >/dev/null 2>&1; then
+    missing+=("${want[${cmd}]}")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  log "all prerequisites present (etcd $(etcd --version 2>/dev/null | awk '/etcd Version/ {print $3}'))"
+  exit 0
+fi
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+
+if [[ "$(id -u)" -ne 0 ]]; then
+  log "missing packages: ${missing[*]}"
+  log "run as root: apt-get update && apt-get install -y ${missing[*]}"
+  log "(or: sudo $0)"
+  exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  log "missing packages: ${missing[*]}; no apt-get on this system, install them by hand"
+  exit 1
+fi
+
+# Block service starts from maintainer scripts (invoke-rc.d honours
+# policy-rc.d exit code 101) so the packaged etcd does not start.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [[ ! -e "${policy}" ]]; then
+  printf '#!/bin/sh\nexit 101\n' >"${policy}"
+  chmod +x "${policy}"
+  created_policy=1
+fi
+cleanup() {
+  if [[ ${created_policy} -eq 1 ]]; then rm -f "${policy}"; fi
+}
+trap cleanup EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+export RUNLEVEL=1
+log "apt-get update"
+apt-get update -q >&2
+log "apt-get install -y ${missing[*]}"
+apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+
+# Belt and braces: make sure no packaged etcd is running or enabled.
+if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+  systemctl stop etcd.service >/dev/null 2>&1 || true
+  systemctl disable etcd.service >/dev/null 2>&1 || true
+elif command -v service >/dev/null 2>&1; then
+  service etcd stop >/dev/null 2>&1 || true
+fi
+if command -v update-rc.d >/dev/null 2>&1; then
+  update-rc.d etcd disable >/dev/null 2>&1 || true
+fi
+if pids="$(pgrep -x etcd -u etcd 2>/dev/null)"; then
+  log "stopping packaged etcd (pids ${pids//$'\n'/ })"
+  # shellcheck disable=SC2086
+  kill ${pids} 2>/dev/null || true
+fi
+log "done (etcd $(etcd --version 2>/dev/null | awk '/etcd Version/ {print $3}'))"

@@ -1,0 +1,361 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// maxIdlePerEndpoint bounds idle HTTP/1.1 connections kept per endpoint
+// (HTTP/2 needs one).
+const maxIdlePerEndpoint = 4
+
+// errClosed is returned for requests after Close.
+var errClosed = errors.New("transport: failover transport closed")
+
+// connPool keeps HTTP client connections (HTTP/2, or HTTP/1.1 when the
+// server or the configuration allows nothing else) per endpoint. Requests go
+// to the pool's first candidate; the connections of an endpoint that goes
+// down or is removed are closed at once; when another endpoint becomes
+// preferred, the old connections take no new requests and close once their
+// requests are done.
+type connPool struct {
+	pool   *upstream.Pool
+	dialer *Dialer
+	// t creates connections (NewClientConn) with our dialer and its TLS,
+	// HTTP/2 and keepalive settings. It never pools connections itself.
+	t      *http.Transport
+	origin string // host:port of the origin, as in request URLs
+	ctx    context.Context
+	log    logr.Logger
+	m      *metrics
+
+	mu      sync.Mutex // guards the fields below
+	conns   map[string][]*clientConn
+	dialing map[string]*dialCall // in-flight dials by first candidate
+	closed  bool
+}
+
+// clientConn is one connection to one endpoint.
+type clientConn struct {
+	cc   *http.ClientConn
+	addr string
+	p    *connPool
+	// Guarded by p.mu.
+	retiring     bool
+	closedByPool bool
+	lastInFlight int
+}
+
+type dialCall struct {
+	done chan struct{}
+	err  error
+}
+
+type dialPlanKey struct{}
+
+// dialPlan passes the candidates of one NewClientConn to the dial hook and
+// brings back the endpoint that answered.
+type dialPlan struct {
+	candidates []string
+	addr       string
+}
+
+func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Transport, origin string, log logr.Logger, m *metrics) *connPool {
+	p := &connPool{
+		pool:    pool,
+		dialer:  d,
+		t:       t,
+		origin:  origin,
+		ctx:     ctx,
+		log:     log,
+		m:       m,
+		conns:   make(map[string][]*clientConn),
+		dialing: make(map[string]*dialCall),
+	}
+	t.DialTLSContext = p.dialTLS
+	return p
+}
+
+// dialTLS is http.Transport.DialTLSContext: it ignores addr (the origin) and
+// dials the candidates carried by ctx.
+func (p *connPool) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+	plan, ok := ctx.Value(dialPlanKey{}).(*dialPlan)
+	if !ok {
+		return nil, fmt.Errorf("transport: dial %s outside the connection pool", addr)
+	}
+	conn, ep, err := p.dialer.DialAny(ctx, plan.candidates)
+	if err != nil {
+		return nil, err
+	}
+	plan.addr = ep
+	return conn, nil
+}
+
+// get returns a connection with a reserved request slot on the best
+// endpoint not in exclude, dialing one if needed. The dial runs on the
+// pool's context, not the request's: a request that gives up does not waste
+// a connection others will use.
+func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientConn, error) {
+	for {
+		cands := p.pool.Candidates()
+		if len(exclude) > 0 {
+			kept := cands[:0]
+			for _, a := range cands {
+				if !exclude[a] {
+					kept = append(kept, a)
+				}
+			}
+			cands = kept
+		}
+		if len(cands) == 0 {
+			return nil, fmt.Errorf("%w: every endpoint was tried", ErrNoEndpoint)
+		}
+		first := cands[0]
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errClosed
+		}
+		c, dead := p.reserveLocked(first)
+		if c != nil {
+			p.mu.Unlock()
+			closeAll(dead)
+			return c, nil
+		}
+		call := p.dialing[first]
+		if call == nil {
+			call = &dialCall{done: make(chan struct{})}
+			p.dialing[first] = call
+			go p.dial(first, cands, call)
+		}
+		p.mu.Unlock()
+		closeAll(dead)
+		select {
+		case <-call.done:
+			if call.err != nil {
+				return nil, call.err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// reserveLocked reserves a slot on an open connection to addr that is not
+// retiring. It also returns connections found unusable, for closing.
+func (p *connPool) reserveLocked(addr string) (c *clientConn, dead []*clientConn) {
+	for _, cand := range p.conns[addr] {
+		if cand.retiring {
+			continue
+		}
+		if err := cand.cc.Reserve(); err == nil {
+			return cand, dead
+		}
+		if cand.cc.Err() != nil || cand.cc.InFlight() == 0 {
+			// Closed, or unusable while idle (GOAWAY): drop it.
+			cand.closedByPool = true
+			dead = append(dead, cand)
+		}
+	}
+	return nil, dead
+}
+
+func closeAll(cs []*clientConn) {
+	for _, c := range cs {
+		c.cc.Close()
+	}
+}
+
+// dial opens a connection to the first answering candidate and adds it to
+// the pool.
+func (p *connPool) dial(first string, cands []string, call *dialCall) {
+	plan := &dialPlan{candidates: cands}
+	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
+	cc, err := p.t.NewClientConn(ctx, "https", p.origin)
+	p.mu.Lock()
+	delete(p.dialing, first)
+	if err == nil && p.closed {
+		err = errClosed
+		cc.Close()
+	}
+	if err == nil {
+		c := &clientConn{cc: cc, addr: plan.addr, p: p}
+		p.conns[plan.addr] = append(p.conns[plan.addr], c)
+		cc.SetStateHook(c.onState)
+		if plan.addr != first {
+			p.m.failover("dial")
+		}
+		p.log.V(3).Info("connected", "endpoint", plan.addr, "wanted", first)
+	}
+	call.err = err
+	p.mu.Unlock()
+	close(call.done)
+}
+
+// onState runs when the connection's state changes: it forgets closed
+// connections (reporting a loss the pool did not cause while requests were
+// running), closes retiring connections once idle, and trims idle HTTP/1.1
+// connections.
+func (c *clientConn) onState(cc *http.ClientConn) {
+	p := c.p
+	err := cc.Err()
+	inflight := cc.InFlight()
+	p.mu.Lock()
+	var lost bool
+	closeNow := false
+	switch {
+	case err != nil:
+		lost = !c.closedByPool && c.lastInFlight > 0
+		p.removeLocked(c)
+	case inflight == 0 && (c.retiring || p.idleLocked(c.addr) > maxIdlePerEndpoint):
+		c.closedByPool = true
+		closeNow = true
+		p.removeLocked(c)
+	}
+	c.lastInFlight = inflight
+	p.mu.Unlock()
+	if closeNow {
+		cc.Close()
+	}
+	if lost {
+		p.pool.ReportFailure(c.addr, upstream.FailureConnLost, fmt.Errorf("connection lost: %w", err))
+	}
+}
+
+func (p *connPool) idleLocked(addr string) int {
+	n := 0
+	for _, c := range p.conns[addr] {
+		if c.cc.InFlight() == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (p *connPool) removeLocked(c *clientConn) {
+	cs := p.conns[c.addr]
+	for i, x := range cs {
+		if x == c {
+			cs = append(cs[:i], cs[i+1:]...)
+			break
+		}
+	}
+	if len(cs) == 0 {
+		delete(p.conns, c.addr)
+	} else {
+		p.conns[c.addr] = cs
+	}
+}
+
+// closeEndpoint closes every connection to addr at once.
+func (p *connPool) closeEndpoint(addr string) int {
+	p.mu.Lock()
+	cs := p.conns[addr]
+	delete(p.conns, addr)
+	for _, c := range cs {
+		c.closedByPool = true
+	}
+	p.mu.Unlock()
+	closeAll(cs)
+	return len(cs)
+}
+
+// retireExcept stops new requests on connections to endpoints other than
+// keep; each closes when its running requests are done.
+func (p *connPool) retireExcept(keep string) {
+	var idle []*clientConn
+	p.mu.Lock()
+	for addr, cs := range p.conns {
+		if addr == keep {
+			continue
+		}
+		for _, c := range cs {
+			if c.retiring {
+				continue
+			}
+			c.retiring = true
+			if c.cc.InFlight() == 0 {
+				c.closedByPool = true
+				idle = append(idle, c)
+				p.removeLocked(c)
+			}
+		}
+	}
+	p.mu.Unlock()
+	closeAll(idle)
+}
+
+// onEvent reacts to pool changes.
+func (p *connPool) onEvent(ev upstream.Event) {
+	switch ev.Kind {
+	case upstream.EventDown, upstream.EventRemoved:
+		if n := p.closeEndpoint(ev.Addr); n > 0 {
+			p.m.failover("endpoint_" + ev.Kind.String())
+			p.log.Info("closed connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", n)
+		}
+		// Connections that bypass the HTTP pool (rest.Config.Dial users).
+		p.dialer.CloseEndpoint(ev.Addr)
+	case upstream.EventPreferred:
+		if ev.Prev != "" && p.pool.Usable(ev.Prev) {
+			p.retireExcept(ev.Addr)
+		}
+	}
+}
+
+// close closes every connection; later requests fail.
+func (p *connPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	var all []*clientConn
+	for _, cs := range p.conns {
+		for _, c := range cs {
+			c.closedByPool = true
+		}
+		all = append(all, cs...)
+	}
+	p.conns = make(map[string][]*clientConn)
+	p.mu.Unlock()
+	closeAll(all)
+}
+
+// conns returns the number of open connections per endpoint.
+func (p *connPool) openConns() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int, len(p.conns))
+	for addr, cs := range p.conns {
+		out[addr] = len(cs)
+	}
+	return out
+}
+
+// newHTTPTransport returns the http.Transport that creates our connections:
+// HTTP/2 when the server offers it (HTTP/1.1 otherwise), with the HTTP/2
+// health check tightened.
+func newHTTPTransport(tlsConfig *tls.Config, ping, pingTimeout time.Duration, disableCompression bool) *http.Transport {
+	t := &http.Transport{
+		TLSClientConfig:    tlsConfig,
+		DisableCompression: disableCompression,
+		Protocols:          new(http.Protocols),
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout: ping,
+			PingTimeout:     pingTimeout,
+		},
+	}
+	t.Protocols.SetHTTP1(true)
+	if slices.Contains(tlsConfig.NextProtos, "h2") {
+		t.Protocols.SetHTTP2(true)
+	}
+	return t
+}

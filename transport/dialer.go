@@ -1,0 +1,310 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Dialer defaults.
+const (
+	DefaultStaggerDelay   = 250 * time.Millisecond
+	DefaultAttemptTimeout = 2 * time.Second
+	DefaultDialTimeout    = 10 * time.Second
+	DefaultKeepAlive      = 5 * time.Second
+	DefaultUserTimeout    = 10 * time.Second
+)
+
+// ErrNoEndpoint is returned (joined with every attempt's error) when no
+// endpoint could be connected to.
+var ErrNoEndpoint = errors.New("no endpoint could be reached")
+
+// Dialer connects to the best endpoints of a pool: staggered parallel
+// attempts in candidate order, first to connect wins, the rest are closed.
+// Connections are tracked per endpoint so that the connections of an
+// endpoint that goes down or is removed can be closed at once.
+type Dialer struct {
+	// Pool supplies the candidates and receives passive failures.
+	Pool *upstream.Pool
+	// TLSConfig, if set, makes every attempt include the TLS handshake, so
+	// that a server that accepts TCP but never answers loses the race. Its
+	// ServerName must be the origin's name.
+	TLSConfig *tls.Config
+	// StaggerDelay is how long an attempt may run before the next candidate
+	// is tried in parallel. A failed attempt starts the next one at once.
+	// If zero, DefaultStaggerDelay (250ms). If negative, all candidates are
+	// tried at once.
+	StaggerDelay time.Duration
+	// AttemptTimeout bounds one attempt (TCP connect and TLS handshake). If
+	// zero, DefaultAttemptTimeout (2s).
+	AttemptTimeout time.Duration
+	// Timeout bounds a whole DialAny. If zero, DefaultDialTimeout (10s).
+	Timeout time.Duration
+	// KeepAlive is the TCP keepalive idle time and probe interval. If zero,
+	// DefaultKeepAlive (5s). If negative, keepalive is off.
+	KeepAlive time.Duration
+	// UserTimeout is TCP_USER_TIMEOUT (Linux). If zero, DefaultUserTimeout
+	// (10s). If negative, the system default.
+	UserTimeout time.Duration
+	// OnDial, if set, is called after every attempt with its endpoint,
+	// duration and error (nil on success, context.Canceled for a loser).
+	OnDial func(addr string, d time.Duration, err error)
+	// Logger receives one line per failed attempt at V(2). The zero value
+	// discards.
+	Logger logr.Logger
+
+	mu    sync.Mutex                           // guards conns
+	conns map[string]map[*TrackedConn]struct{} // open connections by endpoint
+}
+
+func (d *Dialer) staggerDelay() time.Duration {
+	if d.StaggerDelay == 0 {
+		return DefaultStaggerDelay
+	}
+	return max(d.StaggerDelay, 0)
+}
+
+func orDefault(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// TrackedConn is a connection to one endpoint, counted by the Dialer and the
+// pool until it is closed.
+type TrackedConn struct {
+	net.Conn
+	addr  string
+	d     *Dialer
+	once  sync.Once
+	byUs  bool // closed by CloseEndpoint; guarded by d.mu
+	close error
+}
+
+// Endpoint returns the pool address the connection goes to.
+func (c *TrackedConn) Endpoint() string { return c.addr }
+
+// NetConn returns the underlying connection (a *net.TCPConn for TCP), for
+// splicing.
+func (c *TrackedConn) NetConn() net.Conn { return c.Conn }
+
+// ClosedByPool reports whether the connection was closed because its
+// endpoint went down or was removed.
+func (c *TrackedConn) ClosedByPool() bool {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return c.byUs
+}
+
+// Close closes the connection and stops tracking it.
+func (c *TrackedConn) Close() error {
+	c.once.Do(func() {
+		c.close = c.Conn.Close()
+		c.d.untrack(c)
+	})
+	return c.close
+}
+
+func (d *Dialer) track(addr string, nc net.Conn) *TrackedConn {
+	c := &TrackedConn{Conn: nc, addr: addr, d: d}
+	d.mu.Lock()
+	if d.conns == nil {
+		d.conns = make(map[string]map[*TrackedConn]struct{})
+	}
+	m := d.conns[addr]
+	if m == nil {
+		m = make(map[*TrackedConn]struct{})
+		d.conns[addr] = m
+	}
+	m[c] = struct{}{}
+	d.mu.Unlock()
+	d.Pool.ConnOpened(addr)
+	return c
+}
+
+func (d *Dialer) untrack(c *TrackedConn) {
+	d.mu.Lock()
+	if m := d.conns[c.addr]; m != nil {
+		delete(m, c)
+		if len(m) == 0 {
+			delete(d.conns, c.addr)
+		}
+	}
+	d.mu.Unlock()
+	d.Pool.ConnClosed(c.addr)
+}
+
+// CloseEndpoint closes every tracked connection to addr and returns how many
+// it closed.
+func (d *Dialer) CloseEndpoint(addr string) int {
+	d.mu.Lock()
+	conns := make([]*TrackedConn, 0, len(d.conns[addr]))
+	for c := range d.conns[addr] {
+		c.byUs = true
+		conns = append(conns, c)
+	}
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
+
+// OpenConns returns the number of tracked connections per endpoint.
+func (d *Dialer) OpenConns() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]int, len(d.conns))
+	for addr, m := range d.conns {
+		out[addr] = len(m)
+	}
+	return out
+}
+
+// DialContext connects to the pool's best endpoint, ignoring address: it is
+// meant for rest.Config.Dial and other places that dial "the API server".
+// network must be a TCP network.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	conn, _, err := d.DialAny(ctx, d.Pool.Candidates())
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", address, err)
+	}
+	return conn, nil
+}
+
+type dialResult struct {
+	addr string
+	conn net.Conn
+	err  error
+}
+
+// DialAny connects to the first of candidates that answers: it starts with
+// candidates[0], starts the next candidate when an attempt fails or has not
+// connected after StaggerDelay, takes the first success and closes the
+// others. The returned connection is a *tls.Conn over a *TrackedConn when
+// TLSConfig is set, else a *TrackedConn. On failure the error joins
+// ErrNoEndpoint with every attempt's error.
+func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, string, error) {
+	if len(candidates) == 0 {
+		return nil, "", fmt.Errorf("%w: %w", ErrNoEndpoint, upstream.ErrNoEndpoints)
+	}
+	ctx, cancel := context.WithTimeout(ctx, orDefault(d.Timeout, DefaultDialTimeout))
+	defer cancel()
+	results := make(chan dialResult, len(candidates))
+	next, inflight := 0, 0
+	start := func() {
+		go d.attempt(ctx, candidates[next], results)
+		next++
+		inflight++
+	}
+	start()
+	stagger := time.NewTimer(d.staggerDelay())
+	defer stagger.Stop()
+	errs := []error{ErrNoEndpoint}
+	for inflight > 0 {
+		select {
+		case r := <-results:
+			inflight--
+			if r.err == nil {
+				if inflight > 0 {
+					cancel()
+					go closeLosers(results, inflight)
+				}
+				return r.conn, r.addr, nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", r.addr, r.err))
+			if next < len(candidates) && ctx.Err() == nil {
+				start()
+				stagger.Reset(d.staggerDelay())
+			}
+		case <-stagger.C:
+			if next < len(candidates) {
+				start()
+				stagger.Reset(d.staggerDelay())
+			}
+		}
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+// closeLosers closes connections of attempts that completed after the
+// winner.
+func closeLosers(results <-chan dialResult, n int) {
+	for range n {
+		if r := <-results; r.conn != nil {
+			r.conn.Close()
+		}
+	}
+}
+
+// attempt dials one endpoint (and handshakes TLS) within AttemptTimeout.
+func (d *Dialer) attempt(ctx context.Context, addr string, results chan<- dialResult) {
+	start := time.Now()
+	conn, err := d.DialEndpoint(ctx, addr)
+	if d.OnDial != nil {
+		d.OnDial(addr, time.Since(start), err)
+	}
+	results <- dialResult{addr: addr, conn: conn, err: err}
+}
+
+// DialEndpoint connects to one endpoint within AttemptTimeout (and ctx),
+// handshaking TLS when TLSConfig is set. Failures other than cancellation
+// are reported to the pool.
+func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, orDefault(d.AttemptTimeout, DefaultAttemptTimeout))
+	defer cancel()
+	nd := &net.Dialer{Control: setUserTimeout(orDefault(d.UserTimeout, DefaultUserTimeout))}
+	if ka := orDefault(d.KeepAlive, DefaultKeepAlive); ka > 0 {
+		nd.KeepAliveConfig = net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: 3}
+	} else {
+		nd.KeepAlive = -1
+	}
+	raw, err := nd.DialContext(actx, "tcp", addr)
+	if err != nil {
+		d.reportFailure(ctx, addr, upstream.FailureDial, err)
+		return nil, err
+	}
+	tc := d.track(addr, raw)
+	if d.TLSConfig == nil {
+		return tc, nil
+	}
+	conn := tls.Client(tc, d.TLSConfig)
+	if err := conn.HandshakeContext(actx); err != nil {
+		tc.Close()
+		f := upstream.FailureTLS
+		if isCertError(err) {
+			f = upstream.FailureCertificate
+			err = fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
+		}
+		d.reportFailure(ctx, addr, f, err)
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (d *Dialer) reportFailure(ctx context.Context, addr string, f upstream.Failure, err error) {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return // lost the race or the caller gave up: says nothing about addr
+	}
+	d.Logger.V(2).Info("dial failed", "addr", addr, "failure", f.String(), "err", err.Error())
+	d.Pool.ReportFailure(addr, f, err)
+}
+
+// isCertError reports whether err comes from certificate verification.
+func isCertError(err error) bool {
+	var cve *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &cve) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
+}

@@ -1,0 +1,328 @@
+package transport_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// wrap starts a Failover over the cluster's servers with discovery off.
+func wrap(t *testing.T, c *cluster, opts transport.Options) *transport.Failover {
+	t.Helper()
+	opts.DisableDiscovery = true
+	if opts.Endpoints == nil {
+		opts.Endpoints = c.addrs()
+	}
+	f, err := transport.Wrap(t.Context(), c.config(), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	waitHealthy(t, f, len(c.servers))
+	return f
+}
+
+// waitHealthy waits until n endpoints are healthy.
+func waitHealthy(t *testing.T, f *transport.Failover, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		healthy := 0
+		for _, s := range f.Pool().Status() {
+			if s.State == upstream.StateHealthy {
+				healthy++
+			}
+		}
+		return healthy >= n
+	}, 10*time.Second, 10*time.Millisecond, "endpoints never became healthy: %+v", f.Pool().Status())
+}
+
+// get sends GET path and returns the name of the server that answered.
+func get(t *testing.T, f *transport.Failover, path string) (string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+f.Origin()+path, nil)
+	require.NoError(t, err)
+	resp, err := f.HTTPClient().Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", &statusError{resp.StatusCode, string(b)}
+	}
+	return string(b), err
+}
+
+type statusError struct {
+	code int
+	body string
+}
+
+func (e *statusError) Error() string { return http.StatusText(e.code) + ": " + e.body }
+
+func mustGet(t *testing.T, f *transport.Failover, path string) string {
+	t.Helper()
+	name, err := get(t, f, path)
+	require.NoError(t, err)
+	return name
+}
+
+// serving returns the server that answers requests now.
+func serving(t *testing.T, c *cluster, f *transport.Failover) *server {
+	t.Helper()
+	name := mustGet(t, f, "/api")
+	for _, s := range c.servers {
+		if s.name == name {
+			return s
+		}
+	}
+	t.Fatalf("unknown server %q", name)
+	return nil
+}
+
+func TestFailoverWhenServingServerCloses(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	victim.kill()
+
+	start := time.Now()
+	name, err := get(t, f, "/api")
+	elapsed := time.Since(start)
+	require.NoError(t, err)
+	assert.NotEqual(t, victim.name, name)
+	t.Logf("request after the serving server closed answered by %s in %v", name, elapsed)
+	assert.Less(t, elapsed, 100*time.Millisecond, "failover after a closed server must be immediate")
+	// Later requests stay on the survivor.
+	for range 5 {
+		assert.Equal(t, name, mustGet(t, f, "/api"))
+	}
+}
+
+func TestFailoverWhenServingServerHangs(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	victim.ln.freeze()
+
+	start := time.Now()
+	name, err := get(t, f, "/api")
+	elapsed := time.Since(start)
+	require.NoError(t, err)
+	assert.NotEqual(t, victim.name, name)
+	t.Logf("request sent as the serving server hung answered by %s in %v", name, elapsed)
+	assert.Less(t, elapsed, 3*time.Second)
+
+	// New requests do not wait for the hung server.
+	start = time.Now()
+	for range 5 {
+		assert.NotEqual(t, victim.name, mustGet(t, f, "/api"))
+	}
+	t.Logf("5 more requests in %v", time.Since(start))
+	require.Eventually(t, func() bool {
+		for _, s := range f.Pool().Status() {
+			if s.Addr == victim.addr {
+				return s.State == upstream.StateUnhealthy
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestPOSTNotReplayedWhenServerDiesAfterReceivingIt(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	received := make(chan struct{})
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		close(received)
+		<-r.Context().Done() // dies before answering
+	})
+	go func() {
+		<-received
+		victim.kill()
+	}()
+
+	body := []byte(`{"metadata":{"generateName":"x-"}}`)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
+	require.NoError(t, err)
+	require.NotNil(t, req.GetBody, "the body is replayable, so only the method keeps it from being retried")
+	resp, err := f.HTTPClient().Do(req)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	require.Error(t, err, "the caller must see the failure")
+	t.Logf("POST error: %v", err)
+
+	const key = "POST /api/v1/namespaces/default/configmaps"
+	assert.Equal(t, 1, victim.count(key))
+	total := 0
+	for _, s := range c.servers {
+		total += s.count(key)
+	}
+	assert.Equal(t, 1, total, "the POST was sent again to another server")
+}
+
+func TestIdempotentGETRetriedWhenServerDiesMidRequest(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		go victim.kill()
+		<-r.Context().Done()
+	})
+	name := mustGet(t, f, "/api/v1/pods")
+	assert.NotEqual(t, victim.name, name)
+	assert.Equal(t, 1, victim.count("GET /api/v1/pods"))
+}
+
+func TestEndpointGoingDownClosesItsStreams(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	started := make(chan struct{})
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done() // a watch that never ends by itself
+	})
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+f.Origin()+"/api/v1/pods?watch=1", nil)
+	require.NoError(t, err)
+	resp, err := f.HTTPClient().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	<-started
+
+	victim.notReady.Store(true) // /readyz fails: graceful shutdown begins
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err, "the stream must be cut, not end cleanly")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch on the endpoint that went down was not closed")
+	}
+	assert.Zero(t, f.OpenConns()[victim.addr])
+	assert.NotEqual(t, victim.name, mustGet(t, f, "/api"))
+}
+
+func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("X-Kubernetes-PF-FlowSchema-UID", "fs")
+		w.Header().Set("X-Kubernetes-PF-PriorityLevel-UID", "pl")
+		http.Error(w, "Too many requests", http.StatusTooManyRequests)
+	})
+	_, err := get(t, f, "/api/v1/pods")
+	var se *statusError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, http.StatusTooManyRequests, se.code)
+	assert.Equal(t, 1, victim.count("GET /api/v1/pods"))
+}
+
+func TestShutdownTooManyRequestsGoesElsewhere(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"kind":"Status","message":"The apiserver is shutting down, please try again later.","reason":"TooManyRequests","code":429}`)
+	})
+	body := []byte(`{"metadata":{"generateName":"x-"}}`)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
+	require.NoError(t, err)
+	resp, err := f.HTTPClient().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.NotEqual(t, victim.name, string(got))
+}
+
+func TestCertificateForAnotherNameIsQuarantined(t *testing.T) {
+	c := newCluster(t, 2)
+	impostor := newServer(t, "impostor", c.pki.wrong)
+	opts := transport.Options{Endpoints: []string{impostor.addr}}
+	opts.DisableDiscovery = true
+	f, err := transport.Wrap(t.Context(), c.config(), opts)
+	require.NoError(t, err)
+	defer f.Close()
+	require.Eventually(t, func() bool {
+		for _, s := range f.Pool().Status() {
+			if s.Addr == impostor.addr {
+				return s.State == upstream.StateQuarantined
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond)
+	for range 10 {
+		mustGet(t, f, "/api")
+	}
+	assert.Zero(t, impostor.count("GET /api"), "no request may reach a server with the wrong certificate")
+}
+
+func TestRequestsForOtherHostsPassThrough(t *testing.T) {
+	c := newCluster(t, 1)
+	f := wrap(t, c, transport.Options{})
+	other := httptestTLS(t)
+	_, err := f.HTTPClient().Get(other)
+	// client-go's own transport, which does not trust the other server's
+	// self-signed certificate: the request went there, not to the pool.
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "certificate")
+	assert.Zero(t, c.servers[0].count("GET /"))
+}
+
+func TestCloseStopsEverything(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	mustGet(t, f, "/api")
+	require.NoError(t, f.Close())
+	_, err := get(t, f, "/api")
+	require.Error(t, err)
+	assert.Empty(t, f.OpenConns())
+	require.NoError(t, f.Close(), "Close twice")
+}
+
+func TestWrapRejectsBadInput(t *testing.T) {
+	c := newCluster(t, 1)
+	for _, tc := range []struct {
+		name string
+		mut  func(o *transport.Options, host *string)
+		want string
+	}{
+		{"http origin", func(o *transport.Options, h *string) { *h = "http://" + c.servers[0].addr }, "needs https"},
+		{"bad endpoint", func(o *transport.Options, h *string) { o.Endpoints = []string{"10.0.0.1:99999"} }, `"10.0.0.1:99999"`},
+		{"bad probe", func(o *transport.Options, h *string) { o.Probe = "icmp" }, `"icmp"`},
+		{"timeout above interval", func(o *transport.Options, h *string) {
+			o.ProbeInterval, o.ProbeTimeout = time.Second, 2*time.Second
+		}, "timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := c.config()
+			opts := transport.Options{DisableDiscovery: true}
+			tc.mut(&opts, &cfg.Host)
+			_, err := transport.Wrap(context.Background(), cfg, opts)
+			require.Error(t, err)
+			assert.True(t, strings.Contains(err.Error(), tc.want), "error %q does not mention %q", err, tc.want)
+		})
+	}
+}

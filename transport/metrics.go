@@ -1,0 +1,113 @@
+package transport
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// metrics holds the transport's collectors. A nil *metrics records nothing.
+type metrics struct {
+	dialDuration *prometheus.HistogramVec
+	failovers    *prometheus.CounterVec
+}
+
+// newMetrics registers the transport's collectors and the pool's endpoint
+// gauges on reg. A nil reg disables metrics.
+func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		dialDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "apifailover",
+			Name:      "dial_duration_seconds",
+			Help:      "Duration of connection attempts to API server endpoints (TCP connect and TLS handshake), by endpoint and result.",
+			Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"endpoint", "result"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "apifailover",
+			Name:      "failovers_total",
+			Help:      "Times traffic moved away from an endpoint, by reason: dial (the first candidate did not connect), retry (a request was sent again to another endpoint), endpoint_down and endpoint_removed (connections closed).",
+		}, []string{"reason"}),
+	}
+	for _, c := range []prometheus.Collector{m.dialDuration, m.failovers, NewPoolCollector(pool)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observeDial(addr string, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
+}
+
+func (m *metrics) failover(reason string) {
+	if m == nil {
+		return
+	}
+	m.failovers.WithLabelValues(reason).Inc()
+}
+
+// PoolCollector exports the state of every endpoint of a pool, read at
+// scrape time.
+type PoolCollector struct {
+	pool      *upstream.Pool
+	state     *prometheus.Desc
+	preferred *prometheus.Desc
+	conns     *prometheus.Desc
+	rtt       *prometheus.Desc
+}
+
+// NewPoolCollector returns a collector for pool's endpoints:
+// apifailover_endpoint_state{endpoint,state} (1 for the current state),
+// apifailover_endpoint_preferred{endpoint}, apifailover_endpoint_open_connections{endpoint}
+// and apifailover_endpoint_rtt_seconds{endpoint}.
+func NewPoolCollector(pool *upstream.Pool) *PoolCollector {
+	return &PoolCollector{
+		pool:      pool,
+		state:     prometheus.NewDesc("apifailover_endpoint_state", "Health state of each API server endpoint: 1 for its current state, 0 for the others.", []string{"endpoint", "state"}, nil),
+		preferred: prometheus.NewDesc("apifailover_endpoint_preferred", "1 for the endpoint new connections go to first.", []string{"endpoint"}, nil),
+		conns:     prometheus.NewDesc("apifailover_endpoint_open_connections", "Open connections to each endpoint.", []string{"endpoint"}, nil),
+		rtt:       prometheus.NewDesc("apifailover_endpoint_rtt_seconds", "Moving average of successful probe durations per endpoint.", []string{"endpoint"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.state
+	ch <- c.preferred
+	ch <- c.conns
+	ch <- c.rtt
+}
+
+var allStates = []upstream.State{upstream.StateUnknown, upstream.StateHealthy, upstream.StateUnhealthy, upstream.StateQuarantined}
+
+// Collect implements prometheus.Collector.
+func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.pool.Status() {
+		for _, st := range allStates {
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, b2f(s.State == st), s.Addr, st.String())
+		}
+		ch <- prometheus.MustNewConstMetric(c.preferred, prometheus.GaugeValue, b2f(s.Preferred), s.Addr)
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(s.Conns), s.Addr)
+		ch <- prometheus.MustNewConstMetric(c.rtt, prometheus.GaugeValue, s.RTT.Seconds(), s.Addr)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,151 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// ProbeMode selects the active health check.
+type ProbeMode string
+
+const (
+	// ProbeReadyz: TLS handshake verified with the cluster CA and the
+	// origin's server name, then GET /readyz; healthy on 200. During a
+	// graceful shutdown kube-apiserver fails /readyz while /healthz still
+	// passes, so this moves clients away before the server stops.
+	ProbeReadyz ProbeMode = "readyz"
+	// ProbeTLS: the verified TLS handshake only.
+	ProbeTLS ProbeMode = "tls"
+	// ProbeTCP: a TCP connect only.
+	ProbeTCP ProbeMode = "tcp"
+)
+
+// ParseProbeMode validates a probe mode name; "" means ProbeReadyz.
+func ParseProbeMode(s string) (ProbeMode, error) {
+	switch m := ProbeMode(strings.ToLower(s)); m {
+	case "":
+		return ProbeReadyz, nil
+	case ProbeReadyz, ProbeTLS, ProbeTCP:
+		return m, nil
+	}
+	return "", fmt.Errorf("invalid probe mode %q (allowed: readyz, tls, tcp)", s)
+}
+
+// Prober checks API server endpoints. Each probe uses a fresh connection,
+// so that a server that accepts connections but no longer answers is caught.
+type Prober struct {
+	// Mode is the check to run. If empty, ProbeReadyz.
+	Mode ProbeMode
+	// TLSConfig verifies the server (RootCAs, ServerName = the origin's
+	// name) and may carry a client certificate. Required for readyz and tls.
+	TLSConfig *tls.Config
+	// Host is the Host header for /readyz (the origin's host[:port]).
+	Host string
+	// Authorization, if set, returns the value of the Authorization header
+	// for /readyz (kube-apiserver serves /readyz to anonymous users by
+	// default; clusters with anonymous auth off need credentials).
+	Authorization func() string
+}
+
+var _ upstream.Prober = (*Prober)(nil)
+
+// maxProbeResponse bounds how much of a /readyz response is read.
+const maxProbeResponse = 64 << 10
+
+// Probe runs one check against addr. It honours ctx's deadline for every
+// step. Certificate failures wrap upstream.ErrCertificate.
+func (p *Prober) Probe(ctx context.Context, addr string) error {
+	var nd net.Dialer
+	raw, err := nd.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
+	if p.Mode == ProbeTCP {
+		return nil
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	cfg := p.TLSConfig.Clone()
+	if p.Mode != ProbeTLS {
+		cfg.NextProtos = []string{"http/1.1"}
+	}
+	conn := tls.Client(raw, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		if isCertError(err) {
+			return fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
+		}
+		return fmt.Errorf("tls handshake: %w", err)
+	}
+	if p.Mode == ProbeTLS {
+		return nil
+	}
+	return p.readyz(ctx, conn)
+}
+
+func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+p.Host+"/readyz", nil)
+	if err != nil {
+		return err
+	}
+	req.Close = true
+	req.Header.Set("User-Agent", "apifailover-probe")
+	if p.Authorization != nil {
+		if v := p.Authorization(); v != "" {
+			req.Header.Set("Authorization", v)
+		}
+	}
+	if err := req.Write(conn); err != nil {
+		return fmt.Errorf("GET /readyz: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return fmt.Errorf("GET /readyz: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeResponse))
+	if resp.StatusCode != http.StatusOK {
+		return &ReadyzError{Status: resp.StatusCode, Body: firstLine(string(body))}
+	}
+	return nil
+}
+
+// ReadyzError is a /readyz answer other than 200.
+type ReadyzError struct {
+	Status int
+	Body   string
+}
+
+func (e *ReadyzError) Error() string {
+	if e.Body == "" {
+		return fmt.Sprintf("GET /readyz: %d %s", e.Status, http.StatusText(e.Status))
+	}
+	return fmt.Sprintf("GET /readyz: %d %s: %s", e.Status, http.StatusText(e.Status), e.Body)
+}
+
+// IsReadyzError reports whether err is a /readyz answer other than 200.
+func IsReadyzError(err error) bool {
+	var re *ReadyzError
+	return errors.As(err, &re)
+}
+
+func firstLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}

@@ -1,0 +1,130 @@
+package upstream
+
+import (
+	"cmp"
+	"net"
+	"slices"
+	"time"
+)
+
+// rankKey orders endpoints; smaller is better. Fields are compared in order.
+type rankKey struct {
+	class      int // health: see healthClass
+	locality   int // 0 local, 1 same zone, 2 elsewhere
+	lastResort int // 1 for an endpoint known only from static config
+	tier       int // RTT tier, see rttTier
+	notPref    int // 0 for the currently preferred endpoint: stickiness
+	tie        uint64
+}
+
+// healthClass ranks health: healthy, unknown, suspect or draining, unhealthy,
+// quarantined.
+func healthClass(e *endpoint) int {
+	switch {
+	case e.state == StateQuarantined:
+		return 4
+	case e.state == StateUnhealthy:
+		return 3
+	case e.suspect || e.draining:
+		return 2
+	case e.state == StateUnknown:
+		return 1
+	}
+	return 0
+}
+
+// rttTier groups round-trip times so that small differences do not cause
+// flapping between endpoints; an unknown RTT sits in the middle.
+func rttTier(d time.Duration) int {
+	switch {
+	case d == 0:
+		return 2
+	case d < 2*time.Millisecond:
+		return 0
+	case d < 10*time.Millisecond:
+		return 1
+	case d < 50*time.Millisecond:
+		return 2
+	case d < 250*time.Millisecond:
+		return 3
+	}
+	return 4
+}
+
+func (p *Pool) keyLocked(e *endpoint) rankKey {
+	k := rankKey{
+		class:    healthClass(e),
+		locality: 2,
+		tier:     rttTier(e.rtt),
+		notPref:  1,
+		tie:      e.tie,
+	}
+	if e.sources == SourceStatic {
+		k.lastResort = 1
+	}
+	switch {
+	case e.local:
+		k.locality = 0
+	case p.cfg.Zone != "" && e.zone == p.cfg.Zone:
+		k.locality = 1
+	}
+	if e.addr == p.preferred {
+		k.notPref = 0
+	}
+	return k
+}
+
+func compareKeys(a, b rankKey) int {
+	return cmp.Or(
+		cmp.Compare(a.class, b.class),
+		cmp.Compare(a.locality, b.locality),
+		cmp.Compare(a.lastResort, b.lastResort),
+		cmp.Compare(a.tier, b.tier),
+		cmp.Compare(a.notPref, b.notPref),
+		cmp.Compare(a.tie, b.tie),
+	)
+}
+
+// rebuildLocked re-sorts the candidate order when something that affects it
+// changed, and emits EventPreferred when the first endpoint changes.
+func (p *Pool) rebuildLocked() {
+	if !p.dirty {
+		return
+	}
+	p.dirty = false
+	type ranked struct {
+		k rankKey
+		e *endpoint
+	}
+	rs := make([]ranked, 0, len(p.eps))
+	for _, e := range p.eps {
+		rs = append(rs, ranked{p.keyLocked(e), e})
+	}
+	slices.SortFunc(rs, func(a, b ranked) int {
+		return cmp.Or(compareKeys(a.k, b.k), cmp.Compare(a.e.addr, b.e.addr))
+	})
+	p.order = p.order[:0]
+	for _, r := range rs {
+		p.order = append(p.order, r.e)
+	}
+	first := ""
+	if len(p.order) > 0 {
+		first = p.order[0].addr
+	}
+	if first != p.preferred {
+		prev := p.preferred
+		p.preferred = first
+		if first != "" {
+			p.emitLocked(Event{Kind: EventPreferred, Addr: first, Prev: prev, State: p.order[0].state})
+			p.cfg.Logger.V(1).Info("preferred endpoint changed", "addr", first, "prev", prev)
+		}
+	}
+}
+
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
+}

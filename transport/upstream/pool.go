@@ -1,0 +1,526 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// Prober checks one endpoint. It must return when ctx is done. Errors caused
+// by a certificate that does not verify should wrap ErrCertificate.
+type Prober interface {
+	Probe(ctx context.Context, addr string) error
+}
+
+// ProberFunc adapts a function to the Prober interface.
+type ProberFunc func(ctx context.Context, addr string) error
+
+// Probe calls f(ctx, addr).
+func (f ProberFunc) Probe(ctx context.Context, addr string) error { return f(ctx, addr) }
+
+// Defaults for Config fields left zero.
+const (
+	DefaultInterval = time.Second
+	DefaultTimeout  = time.Second
+	DefaultRise     = 2
+	DefaultFall     = 2
+	DefaultJitter   = 0.1
+)
+
+// Config configures a Pool. The zero value is usable: no active probes (only
+// passive signals), defaults for everything else.
+type Config struct {
+	// Prober runs the active health checks. If nil, the pool relies on
+	// passive signals only and Run just waits for its context.
+	Prober Prober
+	// Interval between probe rounds. If zero, DefaultInterval (1s).
+	Interval time.Duration
+	// Timeout for one probe. If zero, DefaultTimeout (1s). Must not exceed
+	// Interval.
+	Timeout time.Duration
+	// Jitter spreads probe rounds by ±Jitter×Interval. If zero,
+	// DefaultJitter (0.1). If negative, no jitter.
+	Jitter float64
+	// Rise is how many consecutive successes make an unhealthy endpoint
+	// healthy again. If zero, DefaultRise (2). An endpoint that was never
+	// probed becomes healthy on its first success.
+	Rise int
+	// Fall is how many consecutive failures make a healthy endpoint
+	// unhealthy. If zero, DefaultFall (2). An endpoint that was never
+	// probed becomes unhealthy on its first failure.
+	Fall int
+	// Zone is the topology zone of this client; endpoints in the same zone
+	// are preferred after local ones. If empty, zones are ignored.
+	Zone string
+	// IsLocal reports whether a host (IP address or name, without port) is
+	// this machine. If nil, IP addresses assigned to this host's interfaces
+	// count as local.
+	IsLocal func(host string) bool
+	// Logger receives state changes (V(0)) and probe results (V(4)). The
+	// zero value discards.
+	Logger logr.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Timeout == 0 {
+		c.Timeout = min(DefaultTimeout, c.Interval)
+	}
+	if c.Jitter == 0 {
+		c.Jitter = DefaultJitter
+	}
+	if c.Jitter < 0 {
+		c.Jitter = 0
+	}
+	if c.Rise == 0 {
+		c.Rise = DefaultRise
+	}
+	if c.Fall == 0 {
+		c.Fall = DefaultFall
+	}
+	switch {
+	case c.Interval < 0:
+		return fmt.Errorf("upstream: interval %v must be positive", c.Interval)
+	case c.Timeout < 0 || c.Timeout > c.Interval:
+		return fmt.Errorf("upstream: timeout %v must be positive and at most the interval %v", c.Timeout, c.Interval)
+	case !(c.Jitter < 1): // also NaN
+		return fmt.Errorf("upstream: jitter %v must be below 1", c.Jitter)
+	case c.Rise < 1:
+		return fmt.Errorf("upstream: rise %d must be at least 1", c.Rise)
+	case c.Fall < 1:
+		return fmt.Errorf("upstream: fall %d must be at least 1", c.Fall)
+	}
+	if c.IsLocal == nil {
+		c.IsLocal = newLocalAddrs().isLocal
+	}
+	return nil
+}
+
+// Pool holds the endpoints, their health and the order to try them in. It is
+// safe for concurrent use. Start its probes with Run.
+type Pool struct {
+	cfg  Config
+	seed maphash.Seed
+	kick chan struct{}
+
+	mu sync.Mutex // guards the fields below
+	// eps holds every endpoint by canonical address.
+	eps map[string]*endpoint
+	// order is eps sorted best first; rebuilt when dirty.
+	order     []*endpoint
+	dirty     bool
+	preferred string
+	pending   []Event
+	// delivering is set while one goroutine delivers pending events; others
+	// leave their events to it, which keeps the order.
+	delivering bool
+	subs       map[int]func(Event)
+	nextSub    int
+}
+
+// endpoint is the pool's record of one address. Guarded by Pool.mu.
+type endpoint struct {
+	addr     string
+	host     string
+	zone     string
+	sources  Source
+	local    bool
+	tie      uint64
+	state    State
+	succ     int
+	fail     int
+	suspect  bool
+	draining bool
+	rtt      time.Duration
+	conns    int
+	lastErr  error
+	since    time.Time
+}
+
+// New returns a pool with no endpoints. Add them with Set.
+func New(cfg Config) (*Pool, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Pool{
+		cfg:  cfg,
+		seed: maphash.MakeSeed(),
+		kick: make(chan struct{}, 1),
+		eps:  make(map[string]*endpoint),
+		subs: make(map[int]func(Event)),
+	}, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (p *Pool) Config() Config { return p.cfg }
+
+// Subscribe registers fn for every later event. Events are delivered in
+// order, outside the pool's lock, on the goroutine that caused them or on
+// one that is delivering earlier events; fn must not block for long. It may
+// call the pool's methods, including ones that change it. The returned
+// function removes the subscription.
+func (p *Pool) Subscribe(fn func(Event)) (cancel func()) {
+	p.mu.Lock()
+	id := p.nextSub
+	p.nextSub++
+	p.subs[id] = fn
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(p.subs, id)
+		p.mu.Unlock()
+	}
+}
+
+// Set replaces the endpoints known from source with specs. Endpoints that no
+// source knows any more are removed. Invalid addresses are skipped and
+// reported in the returned error; the valid ones are applied.
+func (p *Pool) Set(source Source, specs []Spec) error {
+	var errs []error
+	want := make(map[string]Spec, len(specs))
+	for _, s := range specs {
+		addr, err := ParseAddr(s.Addr)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.Addr = addr
+		want[addr] = s
+	}
+	local := make(map[string]bool, len(want))
+	for addr := range want {
+		local[addr] = p.cfg.IsLocal(hostOf(addr)) // may be slow: not under mu
+	}
+	now := time.Now()
+	added := false
+	p.mu.Lock()
+	for addr, s := range want {
+		e, ok := p.eps[addr]
+		if !ok {
+			e = p.newEndpointLocked(s, local[addr], now)
+			p.eps[addr] = e
+			p.emitLocked(Event{Kind: EventAdded, Addr: addr, State: e.state})
+			added = true
+		}
+		if e.sources&source == 0 {
+			e.sources |= source
+			p.dirty = true
+		}
+		if s.Zone != "" && s.Zone != e.zone {
+			e.zone = s.Zone
+			p.dirty = true
+			if e.state == StateQuarantined { // its configuration changed
+				p.setStateLocked(e, StateUnknown, nil, now)
+			}
+		}
+	}
+	for addr, e := range p.eps {
+		if _, ok := want[addr]; ok || e.sources&source == 0 {
+			continue
+		}
+		e.sources &^= source
+		p.dirty = true
+		if e.sources == 0 {
+			delete(p.eps, addr)
+			p.emitLocked(Event{Kind: EventRemoved, Addr: addr, State: e.state})
+			p.cfg.Logger.Info("endpoint removed", "addr", addr, "source", source.String())
+		}
+	}
+	p.rebuildLocked()
+	p.mu.Unlock()
+	p.flush()
+	if added {
+		p.Kick()
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Pool) newEndpointLocked(s Spec, local bool, now time.Time) *endpoint {
+	p.dirty = true
+	return &endpoint{
+		addr:  s.Addr,
+		host:  hostOf(s.Addr),
+		zone:  s.Zone,
+		local: local,
+		tie:   maphash.String(p.seed, s.Addr),
+		state: StateUnknown,
+		since: now,
+	}
+}
+
+// ResetQuarantine returns every quarantined endpoint to the unknown state,
+// for use when the trust configuration (CA, server name) changed.
+func (p *Pool) ResetQuarantine() {
+	now := time.Now()
+	p.mu.Lock()
+	for _, e := range p.eps {
+		if e.state == StateQuarantined {
+			p.setStateLocked(e, StateUnknown, nil, now)
+		}
+	}
+	p.rebuildLocked()
+	p.mu.Unlock()
+	p.flush()
+	p.Kick()
+}
+
+// ReportSuccess records that real traffic reached addr (a connection was
+// established). It counts like a successful probe.
+func (p *Pool) ReportSuccess(addr string) {
+	p.observe(addr, 0, nil, 0)
+}
+
+// ReportFailure records a failure seen on real traffic to addr. Dial, TLS
+// and lost-connection failures count towards Fall and mark the endpoint
+// suspect at once; a certificate failure quarantines it; GOAWAY only ranks
+// it lower until its next successful probe. The probe loop is woken early.
+func (p *Pool) ReportFailure(addr string, f Failure, err error) {
+	if err == nil {
+		err = errors.New(f.String())
+	}
+	p.observe(addr, 0, err, f)
+	p.Kick()
+}
+
+// ConnOpened counts an open connection to addr; ConnClosed uncounts it.
+func (p *Pool) ConnOpened(addr string) { p.addConns(addr, 1) }
+
+// ConnClosed uncounts a connection counted with ConnOpened.
+func (p *Pool) ConnClosed(addr string) { p.addConns(addr, -1) }
+
+func (p *Pool) addConns(addr string, n int) {
+	p.mu.Lock()
+	if e, ok := p.eps[addr]; ok {
+		e.conns = max(0, e.conns+n)
+	}
+	p.mu.Unlock()
+}
+
+// observe applies one probe result or passive signal.
+func (p *Pool) observe(addr string, rtt time.Duration, err error, f Failure) {
+	now := time.Now()
+	p.mu.Lock()
+	if e, ok := p.eps[addr]; ok {
+		p.observeLocked(e, rtt, err, f, now)
+		p.rebuildLocked()
+	}
+	p.mu.Unlock()
+	p.flush()
+}
+
+func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failure, now time.Time) {
+	if e.state == StateQuarantined {
+		return // only a configuration change lifts it
+	}
+	if err == nil {
+		p.setRTTLocked(e, rtt)
+		e.succ++
+		e.fail = 0
+		e.lastErr = nil
+		if e.suspect || e.draining {
+			e.suspect, e.draining = false, false
+			p.dirty = true
+		}
+		if e.state == StateUnknown || e.state == StateUnhealthy && e.succ >= p.cfg.Rise {
+			p.setStateLocked(e, StateHealthy, nil, now)
+		}
+		return
+	}
+	e.lastErr = err
+	if f == FailureCertificate || errors.Is(err, ErrCertificate) {
+		p.setStateLocked(e, StateQuarantined, err, now)
+		return
+	}
+	if f == FailureGoAway {
+		if !e.draining {
+			e.draining = true
+			p.dirty = true
+		}
+		return
+	}
+	e.succ = 0
+	e.fail++
+	if !e.suspect && (e.state == StateHealthy || e.state == StateUnknown) {
+		e.suspect = true
+		p.dirty = true
+	}
+	if e.state == StateUnknown || e.state == StateHealthy && e.fail >= p.cfg.Fall {
+		p.setStateLocked(e, StateUnhealthy, err, now)
+	}
+}
+
+// setRTTLocked folds a probe duration into the moving average.
+func (p *Pool) setRTTLocked(e *endpoint, rtt time.Duration) {
+	if rtt <= 0 {
+		return
+	}
+	old := rttTier(e.rtt)
+	if e.rtt == 0 {
+		e.rtt = rtt
+	} else {
+		e.rtt = (e.rtt*7 + rtt*3) / 10
+	}
+	if rttTier(e.rtt) != old {
+		p.dirty = true
+	}
+}
+
+func (p *Pool) setStateLocked(e *endpoint, s State, err error, now time.Time) {
+	if e.state == s {
+		return
+	}
+	prev := e.state
+	e.state = s
+	e.since = now
+	e.succ, e.fail = 0, 0
+	p.dirty = true
+	switch s {
+	case StateHealthy:
+		p.emitLocked(Event{Kind: EventUp, Addr: e.addr, State: s})
+		p.cfg.Logger.Info("endpoint healthy", "addr", e.addr, "was", prev.String())
+	case StateUnhealthy, StateQuarantined:
+		e.suspect = false
+		p.emitLocked(Event{Kind: EventDown, Addr: e.addr, State: s, Err: err})
+		p.cfg.Logger.Info("endpoint down", "addr", e.addr, "state", s.String(), "was", prev.String(), "err", errString(err))
+	}
+}
+
+func (p *Pool) emitLocked(ev Event) {
+	if len(p.subs) > 0 {
+		p.pending = append(p.pending, ev)
+	}
+}
+
+// flush delivers pending events in order, outside mu. One goroutine
+// delivers at a time, looping until nothing is pending, so a subscriber may
+// change the pool from its callback: its events are delivered after the
+// current one, by the same loop.
+func (p *Pool) flush() {
+	p.mu.Lock()
+	if p.delivering {
+		p.mu.Unlock()
+		return
+	}
+	p.delivering = true
+	for len(p.pending) > 0 {
+		evs := p.pending
+		p.pending = nil
+		subs := make([]func(Event), 0, len(p.subs))
+		for _, fn := range p.subs {
+			subs = append(subs, fn)
+		}
+		p.mu.Unlock()
+		for _, ev := range evs {
+			for _, fn := range subs {
+				fn(ev)
+			}
+		}
+		p.mu.Lock()
+	}
+	p.delivering = false
+	p.mu.Unlock()
+}
+
+// Pick returns the endpoint to try first. It fails only when the pool is
+// empty.
+func (p *Pool) Pick() (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.order) == 0 {
+		return "", ErrNoEndpoints
+	}
+	return p.order[0].addr, nil
+}
+
+// Candidates returns every endpoint, best first: healthy before unknown
+// before suspect before unhealthy; local before same zone before the rest;
+// then endpoints known only from static configuration (typically the origin,
+// which may be a VIP or a load balancer in front of the others) after
+// discovered ones, so they serve as the last resort; lower RTT tier first;
+// the preferred endpoint before its equals; remaining ties spread by a
+// per-pool hash. When nothing is healthy the list still holds
+// every endpoint (fail open), quarantined ones at the very end. It is empty
+// only when the pool is.
+func (p *Pool) Candidates() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, len(p.order))
+	for i, e := range p.order {
+		out[i] = e.addr
+	}
+	return out
+}
+
+// Healthy reports whether at least one endpoint is healthy.
+func (p *Pool) Healthy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.order {
+		if e.state == StateHealthy {
+			return true
+		}
+	}
+	return false
+}
+
+// Len returns the number of endpoints.
+func (p *Pool) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.eps)
+}
+
+// Status returns a snapshot of every endpoint in candidate order.
+func (p *Pool) Status() []Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Status, len(p.order))
+	for i, e := range p.order {
+		out[i] = Status{
+			Addr:      e.addr,
+			Sources:   e.sources,
+			State:     e.state,
+			Zone:      e.zone,
+			Local:     e.local,
+			Suspect:   e.suspect,
+			Draining:  e.draining,
+			RTT:       e.rtt,
+			Conns:     e.conns,
+			Preferred: e.addr == p.preferred,
+			LastError: errString(e.lastErr),
+			Since:     e.since,
+		}
+	}
+	return out
+}
+
+// Has reports whether addr is in the pool.
+func (p *Pool) Has(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.eps[addr]
+	return ok
+}
+
+// Usable reports whether addr is in the pool and neither unhealthy nor
+// quarantined: connections to it may stay open.
+func (p *Pool) Usable(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.eps[addr]
+	return ok && (e.state == StateHealthy || e.state == StateUnknown)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

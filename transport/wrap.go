@@ -1,0 +1,327 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	clienttransport "k8s.io/client-go/transport"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Defaults for Options fields left zero.
+const (
+	DefaultPingInterval          = time.Second
+	DefaultPingTimeout           = time.Second
+	DefaultDiscoveryPollInterval = 10 * time.Second
+)
+
+// Options configures Wrap. The zero value is a sound default: discovery on,
+// /readyz probes every second, failover in about two seconds for a server
+// that stops answering and at once for one that refuses connections.
+type Options struct {
+	// Endpoints are extra static endpoints (host:port). The rest.Config host
+	// is always one; it ranks after discovered endpoints of equal health.
+	Endpoints []string
+	// DisableDiscovery turns off the watch of the kubernetes EndpointSlice
+	// in default. Discovery needs list and watch on
+	// discovery.k8s.io/endpointslices there, or get on the core endpoints
+	// "kubernetes" (node identities), which is polled instead when listing
+	// slices is forbidden.
+	DisableDiscovery bool
+	// DiscoveryPollInterval is how often the Endpoints fallback is polled.
+	// If zero, DefaultDiscoveryPollInterval (10s).
+	DiscoveryPollInterval time.Duration
+
+	// Probe selects the active health check. If empty, ProbeReadyz.
+	Probe ProbeMode
+	// ProbeInterval between probe rounds. If zero, 1s.
+	ProbeInterval time.Duration
+	// ProbeTimeout for one probe. If zero, 1s (at most ProbeInterval).
+	ProbeTimeout time.Duration
+	// Rise and Fall are the consecutive successes and failures that change
+	// an endpoint's health. If zero, 2 each.
+	Rise, Fall int
+	// Zone is this client's topology zone; same-zone endpoints are preferred
+	// after local ones. If empty, zones are ignored.
+	Zone string
+
+	// StaggerDelay before a parallel attempt at the next endpoint. If zero,
+	// 250ms.
+	StaggerDelay time.Duration
+	// AttemptTimeout bounds one connection attempt, TLS included. If zero,
+	// 2s.
+	AttemptTimeout time.Duration
+	// DialTimeout bounds a whole connection setup across endpoints. If
+	// zero, 10s.
+	DialTimeout time.Duration
+	// PingInterval is how long an HTTP/2 connection may go without a frame
+	// from the server before it is pinged; PingTimeout is how long the ping
+	// may go unanswered before the connection is closed. client-go's
+	// defaults (30s + 15s) leave a watch on a blackholed server hanging for
+	// 45s. If zero, 1s and 1s: a dead connection is closed within 2s.
+	PingInterval, PingTimeout time.Duration
+	// MaxAttempts bounds the endpoints one request may be sent to. If zero,
+	// DefaultMaxAttempts (3).
+	MaxAttempts int
+
+	// Logger receives endpoint state changes and failovers. The zero value
+	// discards.
+	Logger logr.Logger
+	// Registerer, if set, receives the apifailover_* metrics.
+	Registerer prometheus.Registerer
+}
+
+// Failover is a client-go configuration that fails over between API
+// servers. Build clients from Config and HTTPClient; call Close when done.
+type Failover struct {
+	pool    *upstream.Pool
+	dialer  *Dialer
+	conns   *connPool
+	config  *rest.Config
+	client  *http.Client
+	origin  string
+	proxied bool
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Wrap returns a Failover for cfg. Its background work (probes, discovery)
+// runs until ctx is done or Close is called.
+//
+// The configuration returned by Config keeps cfg's host, credentials and TLS
+// settings, so certificates are verified against the origin's name on every
+// endpoint. It sets WrapTransport (composed with cfg's own), which replaces
+// client-go's HTTP transport for requests to the origin; it does not set
+// Dial, whose per-call DialHolder would defeat client-go's transport cache.
+//
+// Upgrade requests (exec, attach, port-forward over SPDY or WebSocket) use
+// their own dialers and connect to the origin host directly, without
+// failover; a failed upgrade is returned to the caller, which may retry.
+//
+// When an HTTP proxy applies to the origin (rest.Config.Proxy or the
+// environment), requests go through the proxy unchanged: there is no direct
+// endpoint to fail over to.
+func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error) {
+	if cfg == nil {
+		return nil, errors.New("transport: nil rest.Config")
+	}
+	if cfg.Transport != nil {
+		return nil, errors.New("transport: rest.Config.Transport is set: failover needs to make its own connections; use WrapTransport for custom behaviour")
+	}
+	u, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("transport: rest.Config host %q: %w", cfg.Host, err)
+	}
+	if u.Scheme != "https" {
+		return nil, fmt.Errorf("transport: rest.Config host %q: failover needs https (the certificate is what proves an endpoint is the API server)", cfg.Host)
+	}
+	origin := canonicalHostPort(u.Host, "443")
+	statics := []upstream.Spec{{Addr: origin}}
+	for _, e := range opts.Endpoints {
+		addr, err := upstream.ParseAddr(e)
+		if err != nil {
+			return nil, fmt.Errorf("transport: Options.Endpoints: %w", err)
+		}
+		statics = append(statics, upstream.Spec{Addr: addr})
+	}
+	mode, err := ParseProbeMode(string(opts.Probe))
+	if err != nil {
+		return nil, fmt.Errorf("transport: Options.Probe: %w", err)
+	}
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("transport: TLS configuration: %w", err)
+	}
+	if tlsCfg == nil {
+		tlsCfg = &tls.Config{}
+	} else {
+		tlsCfg = tlsCfg.Clone()
+	}
+	if tlsCfg.ServerName == "" {
+		tlsCfg.ServerName = u.Hostname()
+	}
+	if len(tlsCfg.NextProtos) == 0 {
+		tlsCfg.NextProtos = []string{"h2", "http/1.1"}
+	}
+
+	f := &Failover{origin: origin}
+	prober := &Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: bearer(cfg)}
+	f.pool, err = upstream.New(upstream.Config{
+		Prober:   prober,
+		Interval: opts.ProbeInterval,
+		Timeout:  opts.ProbeTimeout,
+		Rise:     opts.Rise,
+		Fall:     opts.Fall,
+		Zone:     opts.Zone,
+		Logger:   opts.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	if err := f.pool.Set(upstream.SourceStatic, statics); err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	m, err := newMetrics(opts.Registerer, f.pool)
+	if err != nil {
+		return nil, fmt.Errorf("transport: registering metrics: %w", err)
+	}
+	f.dialer = &Dialer{
+		Pool:           f.pool,
+		TLSConfig:      tlsCfg.Clone(),
+		StaggerDelay:   opts.StaggerDelay,
+		AttemptTimeout: opts.AttemptTimeout,
+		Timeout:        opts.DialTimeout,
+		OnDial:         m.observeDial,
+		Logger:         opts.Logger,
+	}
+
+	f.proxied = proxied(cfg, u)
+	runCtx, cancel := context.WithCancel(ctx)
+	f.cancel = cancel
+	ht := newHTTPTransport(tlsCfg.Clone(), orDefault(opts.PingInterval, DefaultPingInterval), orDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
+	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.Logger, m)
+	unsubscribe := f.pool.Subscribe(f.conns.onEvent)
+
+	maxAttempts := opts.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = DefaultMaxAttempts
+	}
+	f.config = rest.CopyConfig(cfg)
+	userWrap := cfg.WrapTransport
+	f.config.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		if !f.proxied && !isUpgrader(rt) {
+			rt = &RoundTripper{conns: f.conns, next: rt, maxAttempts: maxAttempts}
+		}
+		if userWrap != nil {
+			rt = userWrap(rt)
+		}
+		return rt
+	}
+	f.client, err = rest.HTTPClientFor(f.config)
+	if err != nil {
+		cancel()
+		unsubscribe()
+		return nil, fmt.Errorf("transport: building HTTP client: %w", err)
+	}
+	if f.proxied {
+		opts.Logger.Info("an HTTP proxy applies to the API server: failover is off", "host", u.Host)
+	}
+
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer unsubscribe()
+		f.pool.Run(runCtx)
+	}()
+	if !opts.DisableDiscovery && !f.proxied {
+		d, err := newDiscoverer(f.config, f.client, f.pool, orDefault(opts.DiscoveryPollInterval, DefaultDiscoveryPollInterval), opts.Logger)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			d.run(runCtx)
+		}()
+	}
+	context.AfterFunc(runCtx, f.conns.close)
+	return f, nil
+}
+
+// Config returns a copy of the failover configuration. Clients built from
+// it share the Failover's connections. Prefer one *http.Client for all of
+// them: kubernetes.NewForConfigAndClient(f.Config(), f.HTTPClient()).
+func (f *Failover) Config() *rest.Config { return rest.CopyConfig(f.config) }
+
+// HTTPClient returns the shared HTTP client for Config.
+func (f *Failover) HTTPClient() *http.Client { return f.client }
+
+// Pool returns the endpoint pool, for status and metrics.
+func (f *Failover) Pool() *upstream.Pool { return f.pool }
+
+// Dialer returns the failover dialer (for rest.Config.Dial and other raw
+// uses); connections it makes are closed when their endpoint goes down.
+func (f *Failover) Dialer() *Dialer { return f.dialer }
+
+// Origin returns the origin host:port all requests are addressed to.
+func (f *Failover) Origin() string { return f.origin }
+
+// OpenConns returns the open HTTP connections per endpoint.
+func (f *Failover) OpenConns() map[string]int { return f.conns.openConns() }
+
+// Close stops probes and discovery, closes every connection and waits for
+// the background goroutines to return. Requests after Close fail.
+func (f *Failover) Close() error {
+	f.once.Do(func() {
+		f.cancel()
+		f.wg.Wait()
+		f.conns.close()
+	})
+	return nil
+}
+
+// isUpgrader reports round trippers that upgrade the connection (SPDY and
+// WebSocket for exec, attach and port-forward); they dial themselves and
+// are left alone.
+func isUpgrader(rt http.RoundTripper) bool {
+	_, ok := rt.(interface{ TLSClientConfig() *tls.Config })
+	return ok
+}
+
+// proxied reports whether an HTTP proxy applies to the origin.
+func proxied(cfg *rest.Config, u *url.URL) bool {
+	proxy := cfg.Proxy
+	if proxy == nil {
+		proxy = http.ProxyFromEnvironment
+	}
+	p, err := proxy(&http.Request{URL: u, Header: http.Header{}})
+	return err == nil && p != nil
+}
+
+// bearer returns the Authorization header source for probes, if cfg has a
+// bearer token.
+func bearer(cfg *rest.Config) func() string {
+	switch {
+	case cfg.BearerToken != "":
+		v := "Bearer " + cfg.BearerToken
+		return func() string { return v }
+	case cfg.BearerTokenFile != "":
+		ts := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
+		return func() string {
+			t, err := ts.Token()
+			if err != nil {
+				return ""
+			}
+			return "Bearer " + t.AccessToken
+		}
+	}
+	return nil
+}
+
+// canonicalHostPort adds the default port and normalizes IP addresses the
+// way upstream.ParseAddr does, so URL hosts compare with pool addresses.
+func canonicalHostPort(hostport, defPort string) string {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, port = strings.Trim(hostport, "[]"), defPort
+	}
+	if addr, err := upstream.ParseAddr(net.JoinHostPort(host, port)); err == nil {
+		return addr
+	}
+	return net.JoinHostPort(strings.ToLower(host), port)
+}
