@@ -1,0 +1,197 @@
+package altsvc
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// ClientConfig configures the client side: what is learned from Alt-Svc
+// headers and where it goes.
+type ClientConfig struct {
+	// Pool receives the usable alternatives as upstream.SourceAltSvc
+	// endpoints: one selector for every source. Required.
+	Pool *upstream.Pool
+	// Origin is the origin whose responses are trusted. Required; Scheme
+	// must be "https".
+	Origin Origin
+	// AllowedCIDRs admits alternatives whose host is an IP address in one
+	// of these prefixes.
+	AllowedCIDRs []netip.Prefix
+	// AllowDiscovered admits alternatives the pool already knows from
+	// EndpointSlice discovery. An alternative admitted by neither rule is
+	// ignored: apiserver proxy subresources pass upstream headers through,
+	// so a header alone proves nothing.
+	AllowDiscovered bool
+	// Cache holds what was learned. If nil, NewCache with defaults (entries
+	// expire after ma minus Age, at most 70s).
+	Cache *Cache
+	// Now is the clock. If nil, time.Now.
+	Now func() time.Time
+	// Logger receives ignored headers and alternatives at V(2). The zero
+	// value discards.
+	Logger logr.Logger
+}
+
+// RoundTripper learns alternatives from the Alt-Svc headers of responses
+// from the origin and feeds them to the pool. Only responses that arrived
+// over HTTP/2 with a verified TLS connection count, never a 421, and only
+// alternatives with protocol h2 that the allowlist admits. Connections to an
+// alternative verify its certificate for the origin's name (the transport's
+// TLS configuration), so an alternative cannot impersonate the origin.
+type RoundTripper struct {
+	cfg  ClientConfig
+	next http.RoundTripper
+
+	mu      sync.Mutex // guards applied
+	applied []string   // the alternatives last given to the pool, sorted
+}
+
+// NewRoundTripper returns a RoundTripper that sends requests with rt.
+func NewRoundTripper(cfg ClientConfig, rt http.RoundTripper) (*RoundTripper, error) {
+	if cfg.Pool == nil {
+		return nil, fmt.Errorf("altsvc: ClientConfig.Pool is nil")
+	}
+	if cfg.Origin.Scheme != "https" || cfg.Origin.Host == "" || cfg.Origin.Port < 1 || cfg.Origin.Port > 65535 {
+		return nil, fmt.Errorf("altsvc: ClientConfig.Origin %+v: want scheme https, a host and a port 1-65535", cfg.Origin)
+	}
+	if cfg.Cache == nil {
+		cfg.Cache = NewCache(CacheConfig{})
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &RoundTripper{cfg: cfg, next: rt}, nil
+}
+
+// WrappedRoundTripper returns the RoundTripper requests are sent with.
+func (rt *RoundTripper) WrappedRoundTripper() http.RoundTripper { return rt.next }
+
+// RoundTrip sends req and learns from the response.
+func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := rt.next.RoundTrip(req)
+	now := rt.cfg.Now()
+	if err == nil && rt.trusted(req, resp) {
+		if v, ok := resp.Header["Alt-Svc"]; ok {
+			rt.learn(v, ageOf(resp.Header), now)
+		}
+	}
+	rt.apply(now) // expire what ran out
+	return resp, err
+}
+
+// trusted reports whether resp may teach alternatives for the origin.
+func (rt *RoundTripper) trusted(req *http.Request, resp *http.Response) bool {
+	switch {
+	case req.URL == nil || req.URL.Scheme != "https":
+		return false
+	case !rt.isOrigin(req.URL.Host):
+		return false
+	case resp.StatusCode == http.StatusMisdirectedRequest:
+		return false
+	case resp.ProtoMajor != 2:
+		return false
+	case resp.TLS == nil || len(resp.TLS.VerifiedChains) == 0:
+		return false
+	}
+	return true
+}
+
+func (rt *RoundTripper) isOrigin(hostport string) bool {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, port = hostport, "443"
+	}
+	p, _ := strconv.Atoi(port)
+	return strings.EqualFold(strings.Trim(host, "[]"), rt.cfg.Origin.Host) && p == rt.cfg.Origin.Port
+}
+
+func (rt *RoundTripper) learn(lines []string, age time.Duration, now time.Time) {
+	v, err := ParseHeader(lines)
+	if err != nil {
+		rt.cfg.Logger.V(2).Info("ignoring Alt-Svc header", "err", err.Error())
+		return
+	}
+	rt.cfg.Cache.Update(rt.cfg.Origin, now, v, age)
+}
+
+// apply gives the pool the current, allowed alternatives when they changed.
+func (rt *RoundTripper) apply(now time.Time) {
+	var addrs []string
+	for _, e := range rt.cfg.Cache.Get(rt.cfg.Origin, now) {
+		if addr, ok := rt.admit(e.Alternative); ok {
+			addrs = append(addrs, addr)
+		}
+	}
+	slices.Sort(addrs)
+	addrs = slices.Compact(addrs)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if slices.Equal(addrs, rt.applied) {
+		return
+	}
+	specs := make([]upstream.Spec, len(addrs))
+	for i, a := range addrs {
+		specs[i] = upstream.Spec{Addr: a}
+	}
+	if err := rt.cfg.Pool.Set(upstream.SourceAltSvc, specs); err != nil {
+		rt.cfg.Logger.V(2).Info("ignoring invalid alternatives", "err", err.Error())
+	}
+	rt.applied = addrs
+}
+
+// admit returns the pool address of an alternative the policy allows.
+func (rt *RoundTripper) admit(a Alternative) (string, bool) {
+	if a.Protocol != "h2" {
+		return "", false
+	}
+	host := a.Host
+	if host == "" {
+		host = rt.cfg.Origin.Host
+	}
+	addr, err := upstream.ParseAddr(net.JoinHostPort(host, strconv.Itoa(a.Port)))
+	if err != nil {
+		return "", false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		for _, p := range rt.cfg.AllowedCIDRs {
+			if p.Contains(ip.Unmap()) {
+				return addr, true
+			}
+		}
+	}
+	if rt.cfg.AllowDiscovered && rt.discovered(addr) {
+		return addr, true
+	}
+	rt.cfg.Logger.V(2).Info("ignoring alternative outside the allowlist", "alternative", addr)
+	return "", false
+}
+
+func (rt *RoundTripper) discovered(addr string) bool {
+	for _, s := range rt.cfg.Pool.Status() {
+		if s.Addr == addr {
+			return s.Sources&upstream.SourceDiscovery != 0
+		}
+	}
+	return false
+}
+
+// ageOf reads the Age header (RFC 9111 delta-seconds); invalid means 0.
+func ageOf(h http.Header) time.Duration {
+	v := h.Get("Age")
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 31)
+	if err != nil {
+		return 0
+	}
+	return time.Duration(n) * time.Second
+}
