@@ -43,22 +43,23 @@ type ClientConfig struct {
 	Logger logr.Logger
 }
 
-// RoundTripper learns alternatives from the Alt-Svc headers of responses
-// from the origin and feeds them to the pool. Only responses that arrived
-// over HTTP/2 with a verified TLS connection count, never a 421, and only
+// Learner learns alternatives from the Alt-Svc headers of responses from
+// the origin and feeds them to the pool. Only responses that arrived over
+// HTTP/2 with a verified TLS connection count, never a 421, and only
 // alternatives with protocol h2 that the allowlist admits. Connections to an
 // alternative verify its certificate for the origin's name (the transport's
-// TLS configuration), so an alternative cannot impersonate the origin.
-type RoundTripper struct {
-	cfg  ClientConfig
-	next http.RoundTripper
+// TLS configuration), so an alternative cannot impersonate the origin. One
+// Learner serves every RoundTripper of a client, so they agree on what was
+// learned. It is safe for concurrent use.
+type Learner struct {
+	cfg ClientConfig
 
 	mu      sync.Mutex // guards applied
 	applied []string   // the alternatives last given to the pool, sorted
 }
 
-// NewRoundTripper returns a RoundTripper that sends requests with rt.
-func NewRoundTripper(cfg ClientConfig, rt http.RoundTripper) (*RoundTripper, error) {
+// NewLearner validates cfg and returns a Learner.
+func NewLearner(cfg ClientConfig) (*Learner, error) {
 	if cfg.Pool == nil {
 		return nil, fmt.Errorf("altsvc: ClientConfig.Pool is nil")
 	}
@@ -71,7 +72,39 @@ func NewRoundTripper(cfg ClientConfig, rt http.RoundTripper) (*RoundTripper, err
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &RoundTripper{cfg: cfg, next: rt}, nil
+	return &Learner{cfg: cfg}, nil
+}
+
+// Observe learns from resp, the answer to req, and expires what ran out.
+func (l *Learner) Observe(req *http.Request, resp *http.Response) {
+	now := l.cfg.Now()
+	if resp != nil && l.trusted(req, resp) {
+		if v, ok := resp.Header["Alt-Svc"]; ok {
+			l.learn(v, ageOf(resp.Header), now)
+		}
+	}
+	l.apply(now)
+}
+
+// RoundTripper sends requests with next and lets a Learner observe the
+// responses.
+type RoundTripper struct {
+	l    *Learner
+	next http.RoundTripper
+}
+
+// NewRoundTripper returns a RoundTripper with a Learner of its own.
+func NewRoundTripper(cfg ClientConfig, rt http.RoundTripper) (*RoundTripper, error) {
+	l, err := NewLearner(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return l.Wrap(rt), nil
+}
+
+// Wrap returns a RoundTripper that sends with rt and learns into l.
+func (l *Learner) Wrap(rt http.RoundTripper) *RoundTripper {
+	return &RoundTripper{l: l, next: rt}
 }
 
 // WrappedRoundTripper returns the RoundTripper requests are sent with.
@@ -80,22 +113,19 @@ func (rt *RoundTripper) WrappedRoundTripper() http.RoundTripper { return rt.next
 // RoundTrip sends req and learns from the response.
 func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := rt.next.RoundTrip(req)
-	now := rt.cfg.Now()
-	if err == nil && rt.trusted(req, resp) {
-		if v, ok := resp.Header["Alt-Svc"]; ok {
-			rt.learn(v, ageOf(resp.Header), now)
-		}
+	if err != nil {
+		resp = nil
 	}
-	rt.apply(now) // expire what ran out
+	rt.l.Observe(req, resp)
 	return resp, err
 }
 
 // trusted reports whether resp may teach alternatives for the origin.
-func (rt *RoundTripper) trusted(req *http.Request, resp *http.Response) bool {
+func (l *Learner) trusted(req *http.Request, resp *http.Response) bool {
 	switch {
 	case req.URL == nil || req.URL.Scheme != "https":
 		return false
-	case !rt.isOrigin(req.URL.Host):
+	case !l.isOrigin(req.URL.Host):
 		return false
 	case resp.StatusCode == http.StatusMisdirectedRequest:
 		return false
@@ -107,78 +137,78 @@ func (rt *RoundTripper) trusted(req *http.Request, resp *http.Response) bool {
 	return true
 }
 
-func (rt *RoundTripper) isOrigin(hostport string) bool {
+func (l *Learner) isOrigin(hostport string) bool {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		host, port = hostport, "443"
 	}
 	p, _ := strconv.Atoi(port)
-	return strings.EqualFold(strings.Trim(host, "[]"), rt.cfg.Origin.Host) && p == rt.cfg.Origin.Port
+	return strings.EqualFold(strings.Trim(host, "[]"), l.cfg.Origin.Host) && p == l.cfg.Origin.Port
 }
 
-func (rt *RoundTripper) learn(lines []string, age time.Duration, now time.Time) {
+func (l *Learner) learn(lines []string, age time.Duration, now time.Time) {
 	v, err := ParseHeader(lines)
 	if err != nil {
-		rt.cfg.Logger.V(2).Info("ignoring Alt-Svc header", "err", err.Error())
+		l.cfg.Logger.V(2).Info("ignoring Alt-Svc header", "err", err.Error())
 		return
 	}
-	rt.cfg.Cache.Update(rt.cfg.Origin, now, v, age)
+	l.cfg.Cache.Update(l.cfg.Origin, now, v, age)
 }
 
 // apply gives the pool the current, allowed alternatives when they changed.
-func (rt *RoundTripper) apply(now time.Time) {
+func (l *Learner) apply(now time.Time) {
 	var addrs []string
-	for _, e := range rt.cfg.Cache.Get(rt.cfg.Origin, now) {
-		if addr, ok := rt.admit(e.Alternative); ok {
+	for _, e := range l.cfg.Cache.Get(l.cfg.Origin, now) {
+		if addr, ok := l.admit(e.Alternative); ok {
 			addrs = append(addrs, addr)
 		}
 	}
 	slices.Sort(addrs)
 	addrs = slices.Compact(addrs)
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if slices.Equal(addrs, rt.applied) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if slices.Equal(addrs, l.applied) {
 		return
 	}
 	specs := make([]upstream.Spec, len(addrs))
 	for i, a := range addrs {
 		specs[i] = upstream.Spec{Addr: a}
 	}
-	if err := rt.cfg.Pool.Set(upstream.SourceAltSvc, specs); err != nil {
-		rt.cfg.Logger.V(2).Info("ignoring invalid alternatives", "err", err.Error())
+	if err := l.cfg.Pool.Set(upstream.SourceAltSvc, specs); err != nil {
+		l.cfg.Logger.V(2).Info("ignoring invalid alternatives", "err", err.Error())
 	}
-	rt.applied = addrs
+	l.applied = addrs
 }
 
 // admit returns the pool address of an alternative the policy allows.
-func (rt *RoundTripper) admit(a Alternative) (string, bool) {
+func (l *Learner) admit(a Alternative) (string, bool) {
 	if a.Protocol != "h2" {
 		return "", false
 	}
 	host := a.Host
 	if host == "" {
-		host = rt.cfg.Origin.Host
+		host = l.cfg.Origin.Host
 	}
 	addr, err := upstream.ParseAddr(net.JoinHostPort(host, strconv.Itoa(a.Port)))
 	if err != nil {
 		return "", false
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		for _, p := range rt.cfg.AllowedCIDRs {
+		for _, p := range l.cfg.AllowedCIDRs {
 			if p.Contains(ip.Unmap()) {
 				return addr, true
 			}
 		}
 	}
-	if rt.cfg.AllowDiscovered && rt.discovered(addr) {
+	if l.cfg.AllowDiscovered && l.discovered(addr) {
 		return addr, true
 	}
-	rt.cfg.Logger.V(2).Info("ignoring alternative outside the allowlist", "alternative", addr)
+	l.cfg.Logger.V(2).Info("ignoring alternative outside the allowlist", "alternative", addr)
 	return "", false
 }
 
-func (rt *RoundTripper) discovered(addr string) bool {
-	for _, s := range rt.cfg.Pool.Status() {
+func (l *Learner) discovered(addr string) bool {
+	for _, s := range l.cfg.Pool.Status() {
 		if s.Addr == addr {
 			return s.Sources&upstream.SourceDiscovery != 0
 		}
