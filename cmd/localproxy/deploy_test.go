@@ -1,0 +1,162 @@
+package main_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+
+	main "github.com/apifailover/apifailover/cmd/localproxy"
+)
+
+// documents splits a YAML file into its documents and decodes each,
+// strictly (unknown fields fail), into the typed object of its kind.
+func documents(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	out := map[string]any{}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		var meta struct{ Kind string }
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &meta))
+		if meta.Kind == "" {
+			continue
+		}
+		var obj any
+		switch meta.Kind {
+		case "ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		case "ClusterRole":
+			obj = &rbacv1.ClusterRole{}
+		case "ClusterRoleBinding":
+			obj = &rbacv1.ClusterRoleBinding{}
+		case "DaemonSet":
+			obj = &appsv1.DaemonSet{}
+		case "Pod":
+			obj = &corev1.Pod{}
+		default:
+			t.Fatalf("%s: unexpected kind %s", path, meta.Kind)
+		}
+		require.NoError(t, yaml.UnmarshalStrict([]byte(doc), obj), "%s: %s", path, meta.Kind)
+		require.NotContains(t, out, meta.Kind)
+		out[meta.Kind] = obj
+	}
+	return out
+}
+
+// checkPodSpec checks what both pod manifests must have and that the
+// container's arguments and environment pass the binary's validation.
+func checkPodSpec(t *testing.T, spec corev1.PodSpec) corev1.Container {
+	t.Helper()
+	assert.True(t, spec.HostNetwork)
+	assert.Equal(t, "system-node-critical", spec.PriorityClassName)
+	require.Len(t, spec.Containers, 1)
+	c := spec.Containers[0]
+	sc := c.SecurityContext
+	require.NotNil(t, sc)
+	require.NotNil(t, sc.RunAsUser)
+	assert.Equal(t, int64(65534), *sc.RunAsUser)
+	require.NotNil(t, sc.ReadOnlyRootFilesystem)
+	assert.True(t, *sc.ReadOnlyRootFilesystem)
+	require.NotNil(t, sc.AllowPrivilegeEscalation)
+	assert.False(t, *sc.AllowPrivilegeEscalation)
+	require.NotNil(t, sc.Capabilities)
+	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+	assert.Empty(t, sc.Capabilities.Add)
+	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
+		require.NotNil(t, probe)
+		require.NotNil(t, probe.HTTPGet)
+		assert.Equal(t, path, probe.HTTPGet.Path)
+		assert.Equal(t, intstr.FromInt32(7446), probe.HTTPGet.Port)
+		// hostNetwork: the kubelet would probe the node IP, the health
+		// server listens on loopback.
+		assert.Equal(t, "127.0.0.1", probe.HTTPGet.Host)
+	}
+	return c
+}
+
+func TestDaemonSetManifest(t *testing.T) {
+	docs := documents(t, filepath.Join("deploy", "daemonset.yaml"))
+	sa := docs["ServiceAccount"].(*corev1.ServiceAccount)
+	role := docs["ClusterRole"].(*rbacv1.ClusterRole)
+	binding := docs["ClusterRoleBinding"].(*rbacv1.ClusterRoleBinding)
+	ds := docs["DaemonSet"].(*appsv1.DaemonSet)
+
+	assert.Equal(t, "kube-system", sa.Namespace)
+	var slices, endpoints bool
+	for _, r := range role.Rules {
+		if r.APIGroups[0] == "discovery.k8s.io" && r.Resources[0] == "endpointslices" {
+			slices = assert.ElementsMatch(t, []string{"list", "watch"}, r.Verbs)
+		}
+		if r.APIGroups[0] == "" && r.Resources[0] == "endpoints" {
+			endpoints = assert.Equal(t, []string{"get"}, r.Verbs)
+		}
+	}
+	assert.True(t, slices, "endpointslices list/watch")
+	assert.True(t, endpoints, "endpoints get")
+	assert.Equal(t, role.Name, binding.RoleRef.Name)
+	require.Len(t, binding.Subjects, 1)
+	assert.Equal(t, sa.Name, binding.Subjects[0].Name)
+	assert.Equal(t, sa.Namespace, binding.Subjects[0].Namespace)
+
+	spec := ds.Spec.Template.Spec
+	assert.Equal(t, sa.Name, spec.ServiceAccountName)
+	assert.Equal(t, ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
+	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, spec.DNSPolicy)
+	c := checkPodSpec(t, spec)
+	assert.Contains(t, c.Args, "--enable-discovery")
+
+	// The arguments validate, given a service account.
+	dir := t.TempDir()
+	token, ca := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
+	require.NoError(t, os.WriteFile(token, []byte("t"), 0o600))
+	f := newFiles(t)
+	caPEM, err := os.ReadFile(f.ca)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(ca, caPEM, 0o600))
+	defer main.SetServiceAccount(token, ca)()
+	envs := map[string]string{}
+	for _, e := range c.Env {
+		envs[e.Name] = e.Value
+	}
+	cfg, err := main.ParseConfig(c.Args, func(k string) string { return envs[k] })
+	require.NoError(t, err)
+	assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
+}
+
+func TestStaticPodManifest(t *testing.T) {
+	docs := documents(t, filepath.Join("deploy", "static-pod.yaml"))
+	pod := docs["Pod"].(*corev1.Pod)
+	assert.Equal(t, "kube-system", pod.Namespace)
+	c := checkPodSpec(t, pod.Spec)
+	// The arguments validate, with the CA file where the pod mounts it.
+	f := newFiles(t)
+	args := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		args[i] = strings.Replace(a, "--ca-file=/etc/kubernetes/pki/ca.crt", "--ca-file="+f.ca, 1)
+	}
+	_, err := main.ParseConfig(args, env())
+	require.NoError(t, err)
+}
+
+func TestSystemdUnitAndContainerfile(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join("deploy", "localproxy.service"))
+	require.NoError(t, err)
+	for _, want := range []string{"[Unit]", "[Service]", "[Install]", "ExecStart=/usr/local/bin/localproxy", "Before=kubelet.service", "DynamicUser=yes", "StateDirectory=apifailover", "Restart=always"} {
+		assert.Contains(t, string(unit), want)
+	}
+	cf, err := os.ReadFile(filepath.Join("deploy", "Containerfile"))
+	require.NoError(t, err)
+	for _, want := range []string{"CGO_ENABLED=0", "FROM scratch", "USER 65534:65534", "./cmd/localproxy", `ENTRYPOINT ["/localproxy"]`} {
+		assert.Contains(t, string(cf), want)
+	}
+}

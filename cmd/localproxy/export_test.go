@@ -1,0 +1,37 @@
+package main
+
+import (
+	"github.com/apifailover/apifailover/localproxy"
+)
+
+// Run is run, for tests.
+var Run = run
+
+// Exit codes, for tests.
+const (
+	ExitOK    = exitOK
+	ExitUsage = exitUsage
+)
+
+// ParseConfig parses and validates args and the environment into the
+// proxy configuration, as run does.
+func ParseConfig(args []string, getenv func(string) string) (localproxy.Config, error) {
+	var o options
+	fs := newFlagSet(&o, discard{})
+	if err := parseFlags(fs, &o, args, getenv); err != nil {
+		return localproxy.Config{}, err
+	}
+	return o.config()
+}
+
+// SetServiceAccount points the in-cluster service account files elsewhere
+// and returns a function restoring them.
+func SetServiceAccount(token, ca string) (restore func()) {
+	oldToken, oldCA := serviceAccountToken, serviceAccountCA
+	serviceAccountToken, serviceAccountCA = token, ca
+	return func() { serviceAccountToken, serviceAccountCA = oldToken, oldCA }
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -1,0 +1,406 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// envPrefix prefixes the environment variable of every flag:
+// --bind-port is also LOCALPROXY_BIND_PORT. A flag on the command line wins.
+const envPrefix = "LOCALPROXY_"
+
+// In-cluster service account files, used for discovery without
+// --kubeconfig and as the probe CA without --ca-file.
+var (
+	serviceAccountToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	serviceAccountCA    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+)
+
+// defaultServerName is in the certificate of every kube-apiserver (kubeadm
+// and the apiserver's own self-signed certificates alike).
+const defaultServerName = "kubernetes.default.svc"
+
+// options are the raw flag values.
+type options struct {
+	endpoints         string
+	bindAddress       string
+	bindPort          int
+	healthBindAddress string
+	healthPort        int
+	probe             string
+	caFile            string
+	tlsServerName     string
+	healthInterval    time.Duration
+	healthTimeout     time.Duration
+	rise, fall        int
+	enableDiscovery   bool
+	kubeconfig        string
+	stateFile         string
+	drainTimeout      time.Duration
+	shutdownTimeout   time.Duration
+	maxConnections    int
+	proxyProtocol     string
+	logLevel          string
+	logFormat         string
+	version           bool
+
+	// from records where each set value came from: "--flag" or the
+	// environment variable's name.
+	from map[string]string
+}
+
+// usageError is a bad flag or environment value: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("localproxy", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name); required")
+	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1", "comma-separated IP addresses to accept clients on, e.g. 127.0.0.1,::1")
+	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
+	fs.StringVar(&o.healthBindAddress, "health-bind-address", "127.0.0.1", "IP address of the health, metrics and status server")
+	fs.IntVar(&o.healthPort, "health-port", 7446, "port of the health, metrics and status server")
+	fs.StringVar(&o.probe, "probe", "readyz", "health check: readyz (verified TLS + GET /readyz), tls (verified TLS handshake) or tcp (connect only)")
+	fs.StringVar(&o.caFile, "ca-file", "", "PEM file with the cluster CA that signed the API server certificates; needed by --probe=readyz and tls (default: the in-cluster service account CA if present)")
+	fs.StringVar(&o.tlsServerName, "tls-server-name", "", "name the API server certificates carry, as in the clients' kubeconfig tls-server-name (default "+defaultServerName+")")
+	fs.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between health probe rounds (at least 1s)")
+	fs.DurationVar(&o.healthTimeout, "health-timeout", 500*time.Millisecond, "timeout of one health probe (less than --health-interval)")
+	fs.IntVar(&o.rise, "rise", 2, "consecutive successful probes that make an endpoint healthy")
+	fs.IntVar(&o.fall, "fall", 2, "consecutive failed probes that make an endpoint unhealthy")
+	fs.BoolVar(&o.enableDiscovery, "enable-discovery", false, "discover API servers from the kubernetes EndpointSlices, through this proxy")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the credentials and CA for discovery (default: the in-cluster service account); its server is replaced by this proxy")
+	fs.StringVar(&o.stateFile, "state-file", "", "file keeping the last-known-good endpoints for a cold boot (default: none)")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long connections to an endpoint that went down or was removed may stay open; 0 closes them at once")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", localproxy.DefaultShutdownTimeout, "on SIGTERM, how long open connections may go on after the listeners close; 0 closes them at once")
+	fs.IntVar(&o.maxConnections, "max-connections", localproxy.DefaultMaxConnections, "maximum concurrent client connections")
+	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "none", "PROXY protocol header towards the API servers: none, v1 or v2")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log verbosity: error, info, debug, or a number 0-10 (2: failed dials, 4: probes and connections)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n\n"+
+			"A node-local TCP proxy on 127.0.0.1:7445 failing over across Kubernetes API servers.\n"+
+			"Every flag can also be set with the environment variable %s<FLAG_NAME> (e.g. %s); the flag wins.\n\nFlags:\n", envPrefix, envName("bind-port"))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args, then fills every flag not given from its
+// environment variable.
+func parseFlags(fs *flag.FlagSet, o *options, args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (flags only; the only subcommand is status, given first)", fs.Arg(0))
+	}
+	o.from = make(map[string]string)
+	fs.Visit(func(f *flag.Flag) { o.from[f.Name] = "--" + f.Name })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := o.from[f.Name]; ok {
+			return
+		}
+		env := envName(f.Name)
+		v := getenv(env)
+		if v == "" {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, usagef("invalid %s=%q: %v", env, v, err))
+			return
+		}
+		o.from[f.Name] = env
+	})
+	return errors.Join(errs...)
+}
+
+// src names where a flag's value came from, for messages.
+func (o *options) src(name string) string {
+	if s, ok := o.from[name]; ok {
+		return s
+	}
+	return "--" + name
+}
+
+// bad returns a usage error naming the flag (or variable), the value and
+// what is allowed.
+func (o *options) bad(name string, value any, allowed string) error {
+	return usagef("invalid %s=%v: %s", o.src(name), quoteIfString(value), allowed)
+}
+
+func quoteIfString(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// config validates the options and builds the proxy configuration. Every
+// problem is reported, joined.
+func (o *options) config() (localproxy.Config, error) {
+	var errs []error
+	bad := func(name string, value any, allowed string) {
+		errs = append(errs, o.bad(name, value, allowed))
+	}
+	var cfg localproxy.Config
+
+	// Endpoints.
+	for _, e := range splitList(o.endpoints) {
+		addr, err := upstream.ParseAddr(e)
+		if err != nil {
+			var ae *upstream.AddrError
+			msg := err.Error()
+			if errors.As(err, &ae) {
+				msg = ae.Msg
+			}
+			bad("endpoints", e, msg+"; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535")
+			continue
+		}
+		cfg.Endpoints = append(cfg.Endpoints, addr)
+	}
+	if len(splitList(o.endpoints)) == 0 {
+		bad("endpoints", o.endpoints, "at least one API server endpoint host:port is required")
+	}
+
+	// Listeners.
+	portOK := func(name string, p int) bool {
+		if p < 1 || p > 65535 {
+			bad(name, p, "want a port number 1-65535")
+			return false
+		}
+		return true
+	}
+	bindOK := portOK("bind-port", o.bindPort)
+	healthOK := portOK("health-port", o.healthPort)
+	var binds []netip.Addr
+	for _, a := range splitList(o.bindAddress) {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			bad("bind-address", a, "want an IP address, e.g. 127.0.0.1 or ::1")
+			continue
+		}
+		binds = append(binds, ip)
+		cfg.ListenAddresses = append(cfg.ListenAddresses, net.JoinHostPort(ip.String(), strconv.Itoa(o.bindPort)))
+	}
+	if len(splitList(o.bindAddress)) == 0 {
+		bad("bind-address", o.bindAddress, "want at least one IP address, e.g. 127.0.0.1")
+	}
+	hip, err := netip.ParseAddr(strings.TrimSpace(o.healthBindAddress))
+	if err != nil {
+		bad("health-bind-address", o.healthBindAddress, "want an IP address, e.g. 127.0.0.1")
+	} else {
+		cfg.HealthAddress = net.JoinHostPort(hip.String(), strconv.Itoa(o.healthPort))
+		if bindOK && healthOK && o.bindPort == o.healthPort {
+			for _, b := range binds {
+				if b == hip || b.IsUnspecified() || hip.IsUnspecified() {
+					errs = append(errs, usagef("invalid %s=%d: the same as %s=%d on %s; the health server needs its own port",
+						o.src("health-port"), o.healthPort, o.src("bind-port"), o.bindPort, hip))
+					break
+				}
+			}
+		}
+	}
+
+	// Probes.
+	mode, err := transport.ParseProbeMode(o.probe)
+	if err != nil || o.probe == "" {
+		bad("probe", o.probe, "want readyz, tls or tcp")
+	}
+	if o.healthInterval < time.Second {
+		bad("health-interval", o.healthInterval, "want at least 1s")
+	}
+	if o.healthTimeout <= 0 || o.healthTimeout >= o.healthInterval {
+		errs = append(errs, usagef("invalid %s=%v: want more than 0 and less than %s (%v)", o.src("health-timeout"), o.healthTimeout, o.src("health-interval"), o.healthInterval))
+	}
+	if o.rise < 1 {
+		bad("rise", o.rise, "want at least 1")
+	}
+	if o.fall < 1 {
+		bad("fall", o.fall, "want at least 1")
+	}
+	serverName := strings.TrimSpace(o.tlsServerName)
+	if serverName == "" {
+		serverName = defaultServerName
+	} else if _, err := upstream.ParseAddr(net.JoinHostPort(serverName, "1")); err != nil {
+		bad("tls-server-name", o.tlsServerName, "want a DNS name or an IP address")
+	}
+	cfg.Origin = serverName
+	var prober *transport.Prober
+	if mode == transport.ProbeReadyz || mode == transport.ProbeTLS {
+		caFile := o.caFile
+		if caFile == "" && fileExists(serviceAccountCA) {
+			caFile = serviceAccountCA
+		}
+		switch pool, err := loadCA(caFile); {
+		case caFile == "":
+			errs = append(errs, usagef("invalid %s=%q: %s=%s verifies the API server certificates and needs the cluster CA; set %s (or %s), or use --probe=tcp to check TCP connects only",
+				o.src("ca-file"), o.caFile, o.src("probe"), mode, "--ca-file", envName("ca-file")))
+		case err != nil:
+			bad("ca-file", o.caFile, err.Error())
+		default:
+			prober = &transport.Prober{
+				Mode:      mode,
+				TLSConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12},
+				Host:      serverName,
+			}
+		}
+	} else if mode == transport.ProbeTCP {
+		prober = &transport.Prober{Mode: mode}
+	}
+	if prober != nil {
+		cfg.Pool = upstream.Config{Prober: prober, Interval: o.healthInterval, Timeout: o.healthTimeout, Rise: o.rise, Fall: o.fall}
+	}
+
+	// Discovery and state.
+	if o.enableDiscovery {
+		base, err := discoveryBase(o.kubeconfig)
+		if err != nil {
+			if o.kubeconfig != "" {
+				bad("kubeconfig", o.kubeconfig, err.Error())
+			} else {
+				errs = append(errs, usagef("invalid %s=true: %v; set --kubeconfig", o.src("enable-discovery"), err))
+			}
+		} else if len(binds) > 0 && bindOK {
+			// Discovery goes through this proxy, never the ClusterIP.
+			proxyAddr := net.JoinHostPort(loopbackOf(binds).String(), strconv.Itoa(o.bindPort))
+			cfg.Discovery = localproxy.DiscoveryConfig(base, proxyAddr, serverName)
+		}
+	} else if o.kubeconfig != "" {
+		bad("kubeconfig", o.kubeconfig, "only used with --enable-discovery")
+	}
+	cfg.StateFile = o.stateFile
+
+	// Connections.
+	if o.drainTimeout < 0 {
+		bad("drain-timeout", o.drainTimeout, "want 0 (close at once) or a positive duration")
+	}
+	cfg.DrainTimeout = o.drainTimeout
+	switch {
+	case o.shutdownTimeout < 0:
+		bad("shutdown-timeout", o.shutdownTimeout, "want 0 (close at once) or a positive duration")
+	case o.shutdownTimeout == 0:
+		cfg.ShutdownTimeout = -1
+	default:
+		cfg.ShutdownTimeout = o.shutdownTimeout
+	}
+	if o.maxConnections < 1 {
+		bad("max-connections", o.maxConnections, "want at least 1")
+	}
+	cfg.MaxConnections = o.maxConnections
+	pp, err := localproxy.ParseProxyProtocol(o.proxyProtocol)
+	if err != nil {
+		bad("proxy-protocol", o.proxyProtocol, "want none, v1 or v2")
+	}
+	cfg.ProxyProtocol = pp
+
+	if _, err := parseLogLevel(o.logLevel); err != nil {
+		bad("log-level", o.logLevel, err.Error())
+	}
+	if o.logFormat != "text" && o.logFormat != "json" {
+		bad("log-format", o.logFormat, "want text or json")
+	}
+	return cfg, errors.Join(errs...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func loadCA(path string) (*x509.CertPool, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("want a readable PEM file: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, errors.New("want a PEM file with at least one CA certificate")
+	}
+	return pool, nil
+}
+
+// discoveryBase returns the credentials and CA for discovery: from the
+// kubeconfig, or the in-cluster service account. Its host is replaced by
+// this proxy's address later.
+func discoveryBase(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		if !fileExists(kubeconfig) {
+			return nil, errors.New("want an existing kubeconfig file")
+		}
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("want a valid kubeconfig: %v", err)
+		}
+		return cfg, nil
+	}
+	// rest.InClusterConfig needs KUBERNETES_SERVICE_HOST, which static
+	// pods lack; the host is replaced anyway.
+	if !fileExists(serviceAccountToken) {
+		return nil, fmt.Errorf("no in-cluster service account token at %s", serviceAccountToken)
+	}
+	return &rest.Config{
+		BearerTokenFile: serviceAccountToken,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: serviceAccountCA},
+	}, nil
+}
+
+// loopbackOf picks the bind address discovery connects to: a loopback one
+// if there is one, the first otherwise (an unspecified address means
+// loopback).
+func loopbackOf(binds []netip.Addr) netip.Addr {
+	for _, b := range binds {
+		if b.IsLoopback() {
+			return b
+		}
+	}
+	b := binds[0]
+	if b.IsUnspecified() {
+		if b.Is4() {
+			return netip.MustParseAddr("127.0.0.1")
+		}
+		return netip.IPv6Loopback()
+	}
+	return b
+}

@@ -1,0 +1,112 @@
+// Command localproxy is the node-local TCP proxy of apifailover: kubelet,
+// CNIs, kubectl and every other client point their kubeconfig at
+// https://127.0.0.1:7445 (with tls-server-name set to the API server's
+// name) and get health-checked failover across all API servers. TLS passes
+// through untouched.
+//
+// Flags are also read from LOCALPROXY_* environment variables (the flag
+// wins). Invalid values exit with code 2 and a message naming the flag or
+// variable, the value and what is allowed. "localproxy status" prints the
+// /status of a running proxy as a table.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/apifailover/apifailover/localproxy"
+)
+
+// version is set at build time: -ldflags "-X main.version=v1.2.3".
+var version = ""
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// run is the whole program, minus the process: it returns the exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(ctx, args[1:], getenv, stdout, stderr)
+	}
+	var o options
+	fs := newFlagSet(&o, stderr)
+	if err := parseFlags(fs, &o, args, getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		printErrors(stderr, "localproxy", err) // unless the flag package printed it
+		return exitUsage
+	}
+	if o.version {
+		fmt.Fprintf(stdout, "localproxy %s %s %s/%s\n", versionString(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return exitOK
+	}
+	cfg, err := o.config()
+	if err != nil {
+		printErrors(stderr, "localproxy", err)
+		fmt.Fprintf(stderr, "Run 'localproxy -help' for the flags.\n")
+		return exitUsage
+	}
+	level, _ := parseLogLevel(o.logLevel)
+	log := newLogger(stderr, o.logFormat, level)
+	klog.SetLogger(log.WithName("client-go"))
+	cfg.Logger = log
+	p, err := localproxy.New(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return exitUsage
+	}
+	log.Info("starting", "version", versionString(), "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
+		"health", cfg.HealthAddress, "probe", o.probe, "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
+	if err := p.Run(ctx); err != nil {
+		log.Error(err, "localproxy failed")
+		return exitError
+	}
+	return exitOK
+}
+
+// printErrors prints each usage error on its own line. Other errors come
+// from the flag package, which printed them already.
+func printErrors(w io.Writer, prefix string, err error) {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			printErrors(w, prefix, e)
+		}
+		return
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(w, "%s: %v\n", prefix, ue)
+	}
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}

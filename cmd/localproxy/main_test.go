@@ -1,0 +1,314 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	main "github.com/apifailover/apifailover/cmd/localproxy"
+	"github.com/apifailover/apifailover/localproxy"
+)
+
+// files are inputs for the validation tests.
+type files struct {
+	ca, notPEM, kubeconfig, missing string
+}
+
+func newFiles(t *testing.T) files {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	f := files{
+		ca:         filepath.Join(dir, "ca.crt"),
+		notPEM:     filepath.Join(dir, "not.pem"),
+		kubeconfig: filepath.Join(dir, "kubeconfig"),
+		missing:    filepath.Join(dir, "missing"),
+	}
+	require.NoError(t, os.WriteFile(f.ca, caPEM, 0o600))
+	require.NoError(t, os.WriteFile(f.notPEM, []byte("hello"), 0o600))
+	require.NoError(t, os.WriteFile(f.kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://10.96.0.1:443", certificate-authority: `+f.ca+`}
+users:
+- name: u
+  user: {token: secret}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+`), 0o600))
+	return f
+}
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+func TestValidation(t *testing.T) {
+	f := newFiles(t)
+	defer main.SetServiceAccount(f.missing, f.missing)()
+	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		// want lists what the message must name: flag or variable, value.
+		want []string
+	}{
+		{"no endpoints", []string{"--probe=tcp"}, nil, []string{"--endpoints", `""`, "at least one"}},
+		{"blank endpoints", []string{"--endpoints= , ", "--probe=tcp"}, nil, []string{"--endpoints", "at least one"}},
+		{"endpoint without port", []string{"--endpoints=10.0.0.1", "--probe=tcp"}, nil, []string{"--endpoints", `"10.0.0.1"`, "missing port", "1-65535"}},
+		{"endpoint port 0", []string{"--endpoints=10.0.0.1:0", "--probe=tcp"}, nil, []string{"--endpoints", `"10.0.0.1:0"`, "1-65535"}},
+		{"endpoint port too big", []string{"--endpoints=10.0.0.1:65536", "--probe=tcp"}, nil, []string{"--endpoints", `"10.0.0.1:65536"`}},
+		{"endpoint bad name", []string{"--endpoints=api_server:6443", "--probe=tcp"}, nil, []string{"--endpoints", `"api_server:6443"`, "DNS name"}},
+		{"endpoint bad IPv6", []string{"--endpoints=[fe80::zz]:6443", "--probe=tcp"}, nil, []string{"--endpoints", `"[fe80::zz]:6443"`}},
+		{"endpoint unspecified", []string{"--endpoints=0.0.0.0:6443", "--probe=tcp"}, nil, []string{"--endpoints", `"0.0.0.0:6443"`, "unspecified"}},
+		{"one bad among good", []string{"--endpoints=10.0.0.1:6443,nope", "--probe=tcp"}, nil, []string{"--endpoints", `"nope"`}},
+		{"endpoints from env", nil, []string{"LOCALPROXY_ENDPOINTS", "bad", "LOCALPROXY_PROBE", "tcp"}, []string{"LOCALPROXY_ENDPOINTS", `"bad"`}},
+		{"bind port 0", append(ok, "--bind-port=0"), nil, []string{"--bind-port=0", "1-65535"}},
+		{"bind port too big", append(ok, "--bind-port=70000"), nil, []string{"--bind-port=70000", "1-65535"}},
+		{"bind port from env", ok, []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"LOCALPROXY_BIND_PORT=70000", "1-65535"}},
+		{"bind port not a number in env", ok, []string{"LOCALPROXY_BIND_PORT", "http"}, []string{"LOCALPROXY_BIND_PORT", `"http"`}},
+		{"health port 0", append(ok, "--health-port=0"), nil, []string{"--health-port=0", "1-65535"}},
+		{"same ports same address", append(ok, "--bind-port=8000", "--health-port=8000"), nil, []string{"--health-port=8000", "--bind-port=8000", "own port"}},
+		{"same ports, health on all addresses", append(ok, "--health-bind-address=0.0.0.0", "--health-port=7445"), nil, []string{"--health-port=7445", "own port"}},
+		{"bind address not an IP", append(ok, "--bind-address=localhost"), nil, []string{"--bind-address", `"localhost"`, "IP address"}},
+		{"bind address empty", append(ok, "--bind-address="), nil, []string{"--bind-address", "at least one"}},
+		{"health bind address not an IP", append(ok, "--health-bind-address=nowhere"), nil, []string{"--health-bind-address", `"nowhere"`}},
+		{"probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http"}, nil, []string{"--probe", `"http"`, "readyz, tls or tcp"}},
+		{"probe mode from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{"LOCALPROXY_PROBE", `"ping"`}},
+		{"interval below 1s", append(ok, "--health-interval=500ms", "--health-timeout=100ms"), nil, []string{"--health-interval=500ms", "at least 1s"}},
+		{"timeout not below interval", append(ok, "--health-interval=2s", "--health-timeout=2s"), nil, []string{"--health-timeout=2s", "less than --health-interval"}},
+		{"timeout zero", append(ok, "--health-timeout=0s"), nil, []string{"--health-timeout=0s"}},
+		{"interval not a duration", append(ok, "--health-interval=soon"), nil, nil},
+		{"rise 0", append(ok, "--rise=0"), nil, []string{"--rise=0", "at least 1"}},
+		{"fall 0", append(ok, "--fall=0"), nil, []string{"--fall=0", "at least 1"}},
+		{"fall from env", ok, []string{"LOCALPROXY_FALL", "-1"}, []string{"LOCALPROXY_FALL=-1", "at least 1"}},
+		{"readyz without CA", []string{"--endpoints=10.0.0.1:6443"}, nil, []string{"--ca-file", "--probe=readyz", "--probe=tcp"}},
+		{"tls without CA", []string{"--endpoints=10.0.0.1:6443", "--probe=tls"}, nil, []string{"--ca-file", "--probe=tls"}},
+		{"CA file missing", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.missing}, nil, []string{"--ca-file", f.missing, "readable"}},
+		{"CA file not PEM", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.notPEM}, nil, []string{"--ca-file", f.notPEM, "PEM"}},
+		{"server name", append(ok, "--tls-server-name=bad_name"), nil, []string{"--tls-server-name", `"bad_name"`}},
+		{"discovery without credentials", append(ok, "--enable-discovery"), nil, []string{"--enable-discovery=true", "--kubeconfig"}},
+		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
+		{"kubeconfig invalid", append(ok, "--enable-discovery", "--kubeconfig="+f.notPEM), nil, []string{"--kubeconfig", f.notPEM, "valid kubeconfig"}},
+		{"kubeconfig without discovery", append(ok, "--kubeconfig="+f.kubeconfig), nil, []string{"--kubeconfig", "--enable-discovery"}},
+		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
+		{"negative shutdown timeout", append(ok, "--shutdown-timeout=-5s"), nil, []string{"--shutdown-timeout=-5s"}},
+		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
+		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
+		{"log level", append(ok, "--log-level=loud"), nil, []string{"--log-level", `"loud"`, "0-10"}},
+		{"log level too high", append(ok, "--log-level=11"), nil, []string{"--log-level", `"11"`}},
+		{"log format", append(ok, "--log-format=xml"), nil, []string{"--log-format", `"xml"`, "text or json"}},
+		{"log format from env", ok, []string{"LOCALPROXY_LOG_FORMAT", "yaml"}, []string{"LOCALPROXY_LOG_FORMAT", `"yaml"`}},
+		{"enable discovery not a bool in env", ok, []string{"LOCALPROXY_ENABLE_DISCOVERY", "sure"}, []string{"LOCALPROXY_ENABLE_DISCOVERY", `"sure"`}},
+		{"unknown flag", append(ok, "--frobnicate"), nil, nil},
+		{"positional argument", append(ok, "extra"), nil, []string{`"extra"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := main.Run(t.Context(), tc.args, env(tc.env...), &stdout, &stderr)
+			assert.Equal(t, main.ExitUsage, code, "stderr: %s", stderr.String())
+			for _, w := range tc.want {
+				assert.Contains(t, stderr.String(), w)
+			}
+			if stderr.Len() == 0 {
+				t.Error("no message")
+			}
+		})
+	}
+}
+
+func TestValidationReportsEveryProblem(t *testing.T) {
+	var stderr bytes.Buffer
+	code := main.Run(t.Context(), []string{"--endpoints=x", "--rise=0", "--fall=0", "--probe=tcp"}, env(), io.Discard, &stderr)
+	assert.Equal(t, main.ExitUsage, code)
+	assert.Equal(t, 3, strings.Count(stderr.String(), "localproxy: invalid"), stderr.String())
+}
+
+func TestValidConfigs(t *testing.T) {
+	f := newFiles(t)
+	defer main.SetServiceAccount(f.missing, f.missing)()
+
+	t.Run("defaults", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443, [fd00::1]:6443,API.example.com.:443", "--ca-file=" + f.ca}, env())
+		require.NoError(t, err)
+		assert.Equal(t, []string{"10.0.0.1:6443", "[fd00::1]:6443", "api.example.com:443"}, cfg.Endpoints)
+		assert.Equal(t, []string{"127.0.0.1:7445"}, cfg.ListenAddresses)
+		assert.Equal(t, "127.0.0.1:7446", cfg.HealthAddress)
+		assert.Equal(t, "kubernetes.default.svc", cfg.Origin)
+		assert.Equal(t, time.Second, cfg.Pool.Interval)
+		assert.Equal(t, 2, cfg.Pool.Rise)
+		assert.Equal(t, 2, cfg.Pool.Fall)
+		assert.NotNil(t, cfg.Pool.Prober)
+		assert.Nil(t, cfg.Discovery)
+		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
+	})
+	t.Run("flag wins over env", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-port=9000"},
+			env("LOCALPROXY_BIND_PORT", "0", "LOCALPROXY_ENDPOINTS", "nope", "LOCALPROXY_DRAIN_TIMEOUT", "3s", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1"))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:9000", "[::1]:9000"}, cfg.ListenAddresses)
+		assert.Equal(t, []string{"10.0.0.1:6443"}, cfg.Endpoints)
+		assert.Equal(t, 3*time.Second, cfg.DrainTimeout)
+	})
+	t.Run("same port on different addresses", func(t *testing.T) {
+		_, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--health-bind-address=127.0.0.2", "--health-port=7445"}, env())
+		require.NoError(t, err)
+	})
+	t.Run("discovery goes through the proxy", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--enable-discovery",
+			"--kubeconfig=" + f.kubeconfig, "--tls-server-name=api.example.com", "--bind-port=7500", "--state-file=/var/lib/x/state.json", "--proxy-protocol=v2"}, env())
+		require.NoError(t, err)
+		require.NotNil(t, cfg.Discovery)
+		assert.Equal(t, "https://127.0.0.1:7500", cfg.Discovery.Host)
+		assert.Equal(t, "api.example.com", cfg.Discovery.TLSClientConfig.ServerName)
+		assert.Equal(t, "secret", cfg.Discovery.BearerToken)
+		assert.Equal(t, "api.example.com", cfg.Origin)
+		assert.Equal(t, "/var/lib/x/state.json", cfg.StateFile)
+		assert.Equal(t, localproxy.ProxyProtocolV2, cfg.ProxyProtocol)
+	})
+	t.Run("in-cluster service account", func(t *testing.T) {
+		defer main.SetServiceAccount(f.kubeconfig, f.ca)() // any existing file will do as a token
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--enable-discovery"}, env())
+		require.NoError(t, err)
+		assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
+		assert.Equal(t, f.ca, cfg.Discovery.TLSClientConfig.CAFile)
+		assert.Equal(t, "kubernetes.default.svc", cfg.Discovery.TLSClientConfig.ServerName)
+	})
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	var stdout bytes.Buffer
+	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"--version"}, env(), &stdout, io.Discard))
+	assert.Contains(t, stdout.String(), "localproxy ")
+	var stderr bytes.Buffer
+	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"--help"}, env(), io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "LOCALPROXY_BIND_PORT")
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunForwardsAndStatus(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	port, hport := freePort(t), freePort(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var logs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- main.Run(ctx, []string{"--endpoints=" + echo.Addr().String(), "--probe=tcp", "--rise=1",
+			"--bind-port=" + strconv.Itoa(port), "--health-port=" + strconv.Itoa(hport), "--log-format=json"}, env(), io.Discard, &logs)
+	}()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var c net.Conn
+	require.Eventually(t, func() bool {
+		c, err = net.Dial("tcp", addr)
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	defer c.Close()
+	_, err = io.WriteString(c, "ping")
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = io.ReadFull(c, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(buf))
+
+	var out bytes.Buffer
+	require.Eventually(t, func() bool {
+		out.Reset()
+		code := main.Run(t.Context(), []string{"status"}, env("LOCALPROXY_HEALTH_PORT", strconv.Itoa(hport)), &out, io.Discard)
+		return code == main.ExitOK && strings.Contains(out.String(), "healthy")
+	}, 10*time.Second, 20*time.Millisecond, "status output: %s", out.String())
+	assert.Contains(t, out.String(), echo.Addr().String())
+	assert.Contains(t, out.String(), "ENDPOINT")
+	assert.Contains(t, out.String(), "ready: yes")
+
+	c.Close() // else shutdown waits for it
+	cancel()
+	select {
+	case code := <-done:
+		assert.Equal(t, main.ExitOK, code)
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return")
+	}
+	assert.Contains(t, logs.String(), `"msg":"proxy listening"`)
+}
+
+func TestStatusErrors(t *testing.T) {
+	var stderr bytes.Buffer
+	assert.Equal(t, main.ExitUsage, main.Run(t.Context(), []string{"status", "--output=yaml"}, env(), io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), `--output="yaml"`)
+	stderr.Reset()
+	assert.Equal(t, 1, main.Run(t.Context(), []string{"status", "--health-port=" + strconv.Itoa(freePort(t))}, env(), io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "connect")
+}

@@ -1,0 +1,202 @@
+// Package localproxy is the node-local L4 proxy of apifailover: it listens
+// on 127.0.0.1 (and optionally [::1]), and passes every client connection
+// through, TLS untouched, to the best API server endpoint of an
+// upstream.Pool. Connections to an endpoint that goes down or is removed
+// are closed (or drained with a deadline), so clients such as kubelet
+// reconnect to a healthy server at once. A small HTTP server reports
+// liveness, readiness, Prometheus metrics and the endpoints' status.
+package localproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/rest"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultListenAddress   = "127.0.0.1:7445"
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultIdleTimeout     = time.Hour
+	DefaultHalfOpenTimeout = time.Minute
+	DefaultMaxConnections  = 10000
+	DefaultDiscoveryPoll   = 10 * time.Second
+	// DefaultKeepAlive and DefaultUserTimeout apply to client connections;
+	// upstream connections use the transport.Dialer defaults.
+	DefaultKeepAlive   = 5 * time.Second
+	DefaultUserTimeout = 10 * time.Second
+)
+
+// ProxyProtocol selects the PROXY protocol header sent to upstreams.
+type ProxyProtocol string
+
+const (
+	// ProxyProtocolNone sends no header.
+	ProxyProtocolNone ProxyProtocol = ""
+	// ProxyProtocolV1 sends the human-readable v1 header.
+	ProxyProtocolV1 ProxyProtocol = "v1"
+	// ProxyProtocolV2 sends the binary v2 header.
+	ProxyProtocolV2 ProxyProtocol = "v2"
+)
+
+// ParseProxyProtocol validates a PROXY protocol version: "", "none", "v1",
+// "v2" (also "1" and "2").
+func ParseProxyProtocol(s string) (ProxyProtocol, error) {
+	switch s {
+	case "", "none", "off":
+		return ProxyProtocolNone, nil
+	case "v1", "1":
+		return ProxyProtocolV1, nil
+	case "v2", "2":
+		return ProxyProtocolV2, nil
+	}
+	return "", fmt.Errorf("invalid PROXY protocol version %q (allowed: none, v1, v2)", s)
+}
+
+// Config configures a Proxy. Only Endpoints is required.
+type Config struct {
+	// Endpoints are the static API server endpoints (host:port), always in
+	// the pool. At least one is required.
+	Endpoints []string
+	// Origin is the API server name clients use (the name in its
+	// certificate, as set with tls-server-name in their kubeconfig). It
+	// identifies the state file and is shown by /status. If empty, the
+	// first endpoint.
+	Origin string
+
+	// ListenAddresses are the host:port addresses to accept clients on,
+	// e.g. 127.0.0.1:7445 and [::1]:7445. If empty, DefaultListenAddress.
+	ListenAddresses []string
+	// HealthAddress is the host:port of the health, metrics and status
+	// server. If empty, no health server is started.
+	HealthAddress string
+	// Listen creates the listeners. If nil, net.ListenConfig.Listen (which
+	// sets SO_REUSEADDR, so a restarted proxy rebinds at once).
+	Listen func(ctx context.Context, network, address string) (net.Listener, error)
+
+	// Pool configures the endpoint pool: prober, probe interval and
+	// timeout, rise, fall, zone. Its Logger defaults to Logger. With a nil
+	// Prober only passive signals (failed dials) change health.
+	Pool upstream.Config
+
+	// Discovery, if set, is the client configuration for watching the
+	// kubernetes EndpointSlices in default (falling back to polling the
+	// kubernetes Endpoints when slices are forbidden). Its Host should be
+	// this proxy (see DiscoveryConfig) so discovery works before the CNI
+	// does and follows the same failover. If nil, only static and state
+	// file endpoints are used.
+	Discovery *rest.Config
+	// DiscoveryPollInterval is how often the Endpoints fallback is polled.
+	// If zero, DefaultDiscoveryPoll (10s).
+	DiscoveryPollInterval time.Duration
+	// StateFile, if set, keeps the last-known-good endpoints across
+	// restarts: read at start (ignored, with a log line, when it belongs to
+	// another Origin) and rewritten when the healthy endpoints change.
+	StateFile string
+
+	// DrainTimeout is how long client connections to an endpoint that went
+	// down or was removed may stay open before they are closed. If zero,
+	// they are closed at once.
+	DrainTimeout time.Duration
+	// ShutdownTimeout is how long open connections may keep going after Run's
+	// context is done and the listeners are closed. If zero,
+	// DefaultShutdownTimeout (10s). If negative, they are closed at once.
+	ShutdownTimeout time.Duration
+	// IdleTimeout closes connections that carried no data in either
+	// direction for this long (Linux only; checked at about a quarter of
+	// it). If zero, DefaultIdleTimeout (1h). If negative, disabled.
+	IdleTimeout time.Duration
+	// HalfOpenTimeout bounds how long a connection stays open after one side
+	// finished sending (its EOF is passed on with a half-close). If zero,
+	// DefaultHalfOpenTimeout (1m). If negative, disabled.
+	HalfOpenTimeout time.Duration
+	// MaxConnections bounds the concurrent client connections; more are
+	// closed at once and counted as rejected. If zero,
+	// DefaultMaxConnections (10000). If negative, unlimited.
+	MaxConnections int
+	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
+	// addresses to upstreams.
+	ProxyProtocol ProxyProtocol
+
+	// KeepAlive is the TCP keepalive idle time and interval of client
+	// connections. If zero, DefaultKeepAlive (5s). If negative, off.
+	KeepAlive time.Duration
+	// UserTimeout is TCP_USER_TIMEOUT of client connections (Linux). If
+	// zero, DefaultUserTimeout (10s). If negative, the system default.
+	UserTimeout time.Duration
+	// Upstream connections: see transport.Dialer for these fields and their
+	// defaults (250ms, 2s, 10s, 5s, 10s).
+	StaggerDelay, AttemptTimeout, DialTimeout time.Duration
+	UpstreamKeepAlive, UpstreamUserTimeout    time.Duration
+
+	// Registry receives the proxy's metrics and is served on /metrics. If
+	// nil, a new registry with the Go runtime and process collectors.
+	Registry *prometheus.Registry
+	// Logger receives state changes and errors; per-connection lines at
+	// V(4). The zero value discards.
+	Logger logr.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.Endpoints) == 0 {
+		return errors.New("localproxy: no endpoints configured")
+	}
+	for i, e := range c.Endpoints {
+		addr, err := upstream.ParseAddr(e)
+		if err != nil {
+			return fmt.Errorf("localproxy: Endpoints: %w", err)
+		}
+		c.Endpoints[i] = addr
+	}
+	if c.Origin == "" {
+		c.Origin = c.Endpoints[0]
+	}
+	if len(c.ListenAddresses) == 0 {
+		c.ListenAddresses = []string{DefaultListenAddress}
+	}
+	if c.Listen == nil {
+		var lc net.ListenConfig
+		c.Listen = lc.Listen
+	}
+	if c.Pool.Logger.GetSink() == nil {
+		c.Pool.Logger = c.Logger.WithName("pool")
+	}
+	if c.DiscoveryPollInterval == 0 {
+		c.DiscoveryPollInterval = DefaultDiscoveryPoll
+	}
+	c.ShutdownTimeout = orDefault(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.IdleTimeout = orDefault(c.IdleTimeout, DefaultIdleTimeout)
+	c.HalfOpenTimeout = orDefault(c.HalfOpenTimeout, DefaultHalfOpenTimeout)
+	c.KeepAlive = orDefault(c.KeepAlive, DefaultKeepAlive)
+	c.UserTimeout = orDefault(c.UserTimeout, DefaultUserTimeout)
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("localproxy: DrainTimeout %v must not be negative", c.DrainTimeout)
+	}
+	if _, err := ParseProxyProtocol(string(c.ProxyProtocol)); err != nil {
+		return fmt.Errorf("localproxy: %w", err)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return nil
+}
+
+func orDefault(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,189 @@
+package localproxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/apifailover/apifailover/transport"
+)
+
+// copyChunk is how much one splice call may move before the byte counters
+// are updated.
+const copyChunk = 256 << 10
+
+// conn is one client connection and, once dialed, its upstream.
+type conn struct {
+	p      *Proxy
+	client net.Conn
+	// Set once dialed, before the conn is registered per upstream.
+	addr string
+	up   *transport.TrackedConn
+	// upRaw is up's underlying connection: copying between two
+	// *net.TCPConn takes the kernel splice path. Closing goes through up so
+	// the dialer and the pool stop counting it.
+	upRaw net.Conn
+
+	once   sync.Once
+	halves atomic.Int32 // directions that ended with EOF
+	mu     sync.Mutex   // guards the fields below and the upstream fields
+	// deadline is the earliest close deadline set on both sides.
+	deadline time.Time
+	closed   bool
+}
+
+// attach sets c's upstream. It returns false, closing tc, when c was closed
+// during the dial.
+func (c *conn) attach(addr string, tc *transport.TrackedConn) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		tc.Close()
+		return false
+	}
+	c.addr, c.up, c.upRaw = addr, tc, tc.NetConn()
+	if !c.deadline.IsZero() {
+		c.upRaw.SetDeadline(c.deadline)
+	}
+	c.mu.Unlock()
+	return true
+}
+
+// serve dials an upstream for c and copies in both directions until both
+// sides are done.
+func (p *Proxy) serve(ctx context.Context, c *conn) {
+	defer p.forget(c)
+	defer c.close()
+	tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout)
+	seq := p.eventSeq()
+	cands := p.pool.Candidates()
+	up, addr, err := p.dialer.DialAny(ctx, cands)
+	if err != nil {
+		p.m.rejected.WithLabelValues("no_endpoint").Inc()
+		p.log.Info("no endpoint accepted the connection", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		return
+	}
+	if len(cands) > 0 && addr != cands[0] {
+		p.m.failovers.WithLabelValues("dial").Inc()
+	}
+	tc, ok := up.(*transport.TrackedConn)
+	if !ok { // the dialer has no TLSConfig, so this does not happen
+		up.Close()
+		return
+	}
+	if !c.attach(addr, tc) {
+		return
+	}
+	if !p.register(c, seq) {
+		p.log.V(2).Info("endpoint went down while dialing", "endpoint", addr)
+		return
+	}
+	p.log.V(4).Info("connected", "client", c.client.RemoteAddr().String(), "endpoint", addr)
+	if p.cfg.ProxyProtocol != ProxyProtocolNone {
+		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
+		if err == nil {
+			c.upRaw.SetWriteDeadline(time.Now().Add(orDefault(p.cfg.AttemptTimeout, transport.DefaultAttemptTimeout)))
+			_, err = c.upRaw.Write(hdr)
+			c.upRaw.SetWriteDeadline(time.Time{})
+		}
+		if err != nil {
+			p.log.Info("sending the PROXY protocol header failed", "endpoint", addr, "err", err.Error())
+			return
+		}
+	}
+	c.pipe()
+}
+
+// pipe copies in both directions, passing each EOF on with a half-close,
+// one direction on this goroutine and one on another.
+func (c *conn) pipe() {
+	done := make(chan struct{})
+	go c.proxyCopy(c.upRaw, c.client, c.p.m.bytes.WithLabelValues("in"), done)
+	c.proxyCopy(c.client, c.upRaw, c.p.m.bytes.WithLabelValues("out"), nil)
+	<-done
+}
+
+// proxyCopy copies src to dst until EOF, which it passes on with
+// CloseWrite, or an error, which closes both sides; after an EOF the other
+// direction gets HalfOpenTimeout to finish. Between two *net.TCPConn the
+// copy is a kernel splice; it runs in chunks so that the byte counter
+// moves. It closes done, if not nil, when it returns.
+func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<- struct{}) {
+	if done != nil {
+		defer close(done)
+	}
+	var err error
+	for {
+		lr := &io.LimitedReader{R: src, N: copyChunk}
+		var n int64
+		n, err = io.Copy(dst, lr)
+		bytes.Add(float64(n))
+		if err != nil {
+			break
+		}
+		if lr.N > 0 { // src reached EOF
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				err = cw.CloseWrite()
+			}
+			break
+		}
+	}
+	switch {
+	case err != nil:
+		c.close()
+	case c.halves.Add(1) == 1 && c.p.cfg.HalfOpenTimeout > 0:
+		c.closeBy(time.Now().Add(c.p.cfg.HalfOpenTimeout))
+	}
+}
+
+// closeBy makes both sides' I/O fail at t (if not earlier already), which
+// ends the copies and closes the connection.
+func (c *conn) closeBy(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.deadline.IsZero() && !t.Before(c.deadline) {
+		return
+	}
+	c.deadline = t
+	c.client.SetDeadline(t)
+	if c.upRaw != nil {
+		c.upRaw.SetDeadline(t)
+	}
+}
+
+// close closes both sides. The upstream is closed through the
+// TrackedConn, which untracks it.
+func (c *conn) close() {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		up := c.up
+		c.mu.Unlock()
+		c.client.Close()
+		if up != nil {
+			up.Close()
+		}
+	})
+}
+
+// tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client
+// connection.
+func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration) {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	if keepAlive > 0 {
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
+	} else {
+		tc.SetKeepAlive(false)
+	}
+	if userTimeout > 0 {
+		setUserTimeout(tc, userTimeout)
+	}
+}

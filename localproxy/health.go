@@ -1,0 +1,153 @@
+package localproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Status is the JSON document served on /status.
+type Status struct {
+	// Origin is the API server name clients use.
+	Origin string `json:"origin"`
+	// Ready: at least one endpoint is healthy and the proxy is not
+	// shutting down.
+	Ready bool `json:"ready"`
+	// ShuttingDown: the listeners are closed and connections drain.
+	ShuttingDown bool     `json:"shuttingDown"`
+	Listeners    []string `json:"listeners"`
+	// ActiveConnections is the number of open client connections.
+	ActiveConnections int64 `json:"activeConnections"`
+	// Upstreams lists every endpoint in candidate order (best first).
+	Upstreams []UpstreamStatus `json:"upstreams"`
+}
+
+// UpstreamStatus is one endpoint in /status: upstream.Status with its
+// sources and state as strings, so that the document decodes too.
+type UpstreamStatus struct {
+	upstream.Status
+	// Sources as in upstream.Source.String, e.g. "static,discovery".
+	Sources string `json:"sources"`
+	// State as in upstream.State.String, e.g. "healthy".
+	State string `json:"state"`
+}
+
+// Status returns what /status serves.
+func (p *Proxy) Status() Status {
+	s := Status{
+		Origin:            p.cfg.Origin,
+		Ready:             p.isReady(),
+		ShuttingDown:      p.stopping.Load(),
+		ActiveConnections: p.active.Load(),
+	}
+	for _, u := range p.pool.Status() {
+		s.Upstreams = append(s.Upstreams, UpstreamStatus{Status: u, Sources: u.Sources.String(), State: u.State.String()})
+	}
+	for _, a := range p.Addrs() {
+		s.Listeners = append(s.Listeners, a.String())
+	}
+	return s
+}
+
+func (p *Proxy) isReady() bool { return !p.stopping.Load() && p.pool.Healthy() }
+
+// live reports whether every accept loop runs and the pool's probe loop
+// ran recently; the error says what is wrong.
+func (p *Proxy) live(startedAt time.Time) error {
+	if n, want := int(p.accepting.Load()), len(p.cfg.ListenAddresses); n < want && !p.stopping.Load() {
+		return fmt.Errorf("%d of %d accept loops running", n, want)
+	}
+	if p.cfg.Pool.Prober == nil {
+		return nil
+	}
+	pc := p.pool.Config()
+	stale := 3*pc.Interval + pc.Timeout
+	age, ok := p.beat.age()
+	if !ok {
+		age = time.Since(startedAt)
+	}
+	if age > stale {
+		return fmt.Errorf("no health probe for %v (expected every %v)", age.Round(time.Millisecond), pc.Interval)
+	}
+	return nil
+}
+
+// newHealthServer serves /healthz, /readyz, /metrics and /status, GET and
+// HEAD only.
+func (p *Proxy) newHealthServer() *http.Server {
+	startedAt := time.Now()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := p.live(startedAt); err != nil {
+			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case p.stopping.Load():
+			http.Error(w, "not ready: shutting down", http.StatusServiceUnavailable)
+		case !p.pool.Healthy():
+			http.Error(w, "not ready: no healthy endpoint", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ok")
+		}
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(p.cfg.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(p.Status())
+	})
+	return &http.Server{
+		Handler:           onlyGetHead(mux),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       time.Minute,
+		ErrorLog:          nil,
+	}
+}
+
+// onlyGetHead answers 405 with an Allow header to other methods.
+func onlyGetHead(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// serveHealth serves srv on ln until ctx is done, then shuts it down.
+func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log logr.Logger) {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "health server stopped")
+		}
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if srv.Shutdown(sctx) != nil {
+		srv.Close()
+	}
+	<-errc
+}

@@ -1,0 +1,33 @@
+package localproxy
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// reapIdle closes connections that carried no data for IdleTimeout,
+// checking about four times per IdleTimeout. The kernel keeps the time of
+// the last data sent and received per socket, so the splice path needs no
+// per-read bookkeeping.
+func (p *Proxy) reapIdle(ctx context.Context) {
+	every := max(p.cfg.IdleTimeout/4, 10*time.Millisecond)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range p.snapshot() {
+			if d, ok := idleFor(c.client); ok && d >= p.cfg.IdleTimeout {
+				p.m.closed.WithLabelValues("idle").Inc()
+				p.log.V(4).Info("closing idle connection", "client", c.client.RemoteAddr().String(), "idle", d)
+				c.close()
+			}
+		}
+		// ±10% jitter so that many proxies do not wake together.
+		t.Reset(time.Duration(float64(every) * (0.9 + 0.2*rand.Float64())))
+	}
+}

@@ -1,0 +1,84 @@
+package localproxy
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// metrics holds the proxy's collectors.
+type metrics struct {
+	accepted     prometheus.Counter
+	active       prometheus.Gauge
+	rejected     *prometheus.CounterVec
+	acceptErrors prometheus.Counter
+	dials        *prometheus.CounterVec
+	dialDuration *prometheus.HistogramVec
+	failovers    *prometheus.CounterVec
+	closed       *prometheus.CounterVec
+	bytes        *prometheus.CounterVec
+}
+
+// newMetrics registers the proxy's collectors and the pool's endpoint
+// gauges (transport.NewPoolCollector) on reg.
+func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error) {
+	const ns, sub = "apifailover", "localproxy"
+	m := &metrics{
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "connections_accepted_total",
+			Help: "Client connections accepted.",
+		}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "connections_active",
+			Help: "Client connections open now.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "connections_rejected_total",
+			Help: "Client connections closed without being proxied, by reason: max_connections (the limit was reached), no_endpoint (no endpoint accepted the connection).",
+		}, []string{"reason"}),
+		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "accept_errors_total",
+			Help: "Failed accepts (e.g. out of file descriptors); each is followed by a backoff.",
+		}),
+		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "dials_total",
+			Help: "Connection attempts to API server endpoints, by endpoint and result (ok, error).",
+		}, []string{"endpoint", "result"}),
+		dialDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "dial_duration_seconds",
+			Help:    "Duration of connection attempts to API server endpoints, by endpoint and result.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"endpoint", "result"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "failovers_total",
+			Help: "Client connections moved away from an endpoint, by reason: dial (the first candidate did not connect, another did), endpoint_down and endpoint_removed (connections closed or drained).",
+		}, []string{"reason"}),
+		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "connections_closed_by_proxy_total",
+			Help: "Client connections the proxy closed on its own, by reason: idle.",
+		}, []string{"reason"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "bytes_total",
+			Help: "Bytes proxied, by direction: in (client to API server), out (API server to client). Counted every 256 KiB and at the end of a connection.",
+		}, []string{"direction"}),
+	}
+	for _, c := range []prometheus.Collector{m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, transport.NewPoolCollector(pool)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observeDial is the transport.Dialer OnDial hook.
+func (m *metrics) observeDial(addr string, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.dials.WithLabelValues(addr, result).Inc()
+	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
+}

@@ -1,0 +1,131 @@
+package localproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// StateFileData is the content of the state file: the last-known-good
+// endpoints of an origin, for a cold boot before discovery works.
+type StateFileData struct {
+	Origin    string    `json:"origin"`
+	Endpoints []string  `json:"endpoints"`
+	Updated   time.Time `json:"updated"`
+}
+
+// stateFile loads the state file into the pool at start and rewrites it
+// when the set of healthy endpoints changes.
+type stateFile struct {
+	path   string
+	origin string
+	pool   *upstream.Pool
+	log    logr.Logger
+	kick   chan struct{}
+	last   []string // endpoints last written or loaded; used by run only
+}
+
+func newStateFile(path, origin string, pool *upstream.Pool, log logr.Logger) *stateFile {
+	return &stateFile{path: path, origin: origin, pool: pool, log: log.WithName("statefile"), kick: make(chan struct{}, 1)}
+}
+
+// load adds the state file's endpoints to the pool, unless the file is
+// missing, unreadable or belongs to another origin.
+func (s *stateFile) load() {
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		s.log.Info("ignoring unreadable state file", "path", s.path, "err", err.Error())
+		return
+	}
+	var d StateFileData
+	if err := json.Unmarshal(b, &d); err != nil {
+		s.log.Info("ignoring malformed state file", "path", s.path, "err", err.Error())
+		return
+	}
+	if d.Origin != s.origin {
+		s.log.Info("ignoring state file of another origin", "path", s.path, "fileOrigin", d.Origin, "origin", s.origin)
+		return
+	}
+	specs := make([]upstream.Spec, len(d.Endpoints))
+	for i, e := range d.Endpoints {
+		specs[i] = upstream.Spec{Addr: e}
+	}
+	if err := s.pool.Set(upstream.SourceStateFile, specs); err != nil {
+		s.log.Info("ignoring invalid endpoints in the state file", "path", s.path, "err", err.Error())
+	}
+	s.last = d.Endpoints
+	s.log.Info("loaded last-known-good endpoints", "path", s.path, "endpoints", d.Endpoints)
+}
+
+// run rewrites the file when the healthy endpoints change, until ctx is
+// done.
+func (s *stateFile) run(ctx context.Context) {
+	unsubscribe := s.pool.Subscribe(func(ev upstream.Event) {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	})
+	defer unsubscribe()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		s.save()
+	}
+}
+
+// save writes the healthy endpoints, if there are any and they changed.
+func (s *stateFile) save() {
+	var eps []string
+	for _, st := range s.pool.Status() {
+		if st.State == upstream.StateHealthy {
+			eps = append(eps, st.Addr)
+		}
+	}
+	slices.Sort(eps)
+	if len(eps) == 0 || slices.Equal(eps, s.last) {
+		return
+	}
+	if err := writeStateFile(s.path, StateFileData{Origin: s.origin, Endpoints: eps, Updated: time.Now().UTC()}); err != nil {
+		s.log.Info("writing the state file failed", "path", s.path, "err", err.Error())
+		return
+	}
+	s.last = eps
+	s.log.V(1).Info("saved last-known-good endpoints", "path", s.path, "endpoints", eps)
+}
+
+// writeStateFile replaces the file atomically.
+func writeStateFile(path string, d StateFileData) error {
+	b, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".localproxy-state-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
