@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +21,14 @@ import (
 // maxIdlePerEndpoint bounds idle HTTP/1.1 connections kept per endpoint
 // (HTTP/2 needs one).
 const maxIdlePerEndpoint = 4
+
+// failedDialHoldoff is how long after a connection setup failed on every
+// endpoint new requests fail at once with its error instead of dialing
+// again: while every API server is down a client makes at most one round
+// of attempts per holdoff, whatever its request rate, and does not hammer
+// servers that are coming back. An endpoint becoming healthy or being
+// added ends the holdoff at once.
+const failedDialHoldoff = 250 * time.Millisecond
 
 // errClosed is returned for requests after Close.
 var errClosed = errors.New("transport: failover transport closed")
@@ -44,12 +54,18 @@ type connPool struct {
 	conns   map[string][]*clientConn
 	dialing map[string]*dialCall // in-flight dials by first candidate
 	closed  bool
+	// failed is the error of the last dial that tried every endpoint and
+	// failed, at failedAt; nil after a success.
+	failed   error
+	failedAt time.Time
 }
 
 // clientConn is one connection to one endpoint.
 type clientConn struct {
 	cc   *http.ClientConn
 	addr string
+	conn net.Conn // for httptrace.GotConnInfo
+	used atomic.Bool
 	p    *connPool
 	// Guarded by p.mu.
 	retiring     bool
@@ -69,6 +85,7 @@ type dialPlanKey struct{}
 type dialPlan struct {
 	candidates []string
 	addr       string
+	conn       net.Conn
 }
 
 func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Transport, origin string, log logr.Logger, m *metrics) *connPool {
@@ -98,7 +115,7 @@ func (p *connPool) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	plan.addr = ep
+	plan.addr, plan.conn = ep, conn
 	return conn, nil
 }
 
@@ -135,9 +152,14 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 		}
 		call := p.dialing[first]
 		if call == nil {
+			if err := p.holdoffLocked(len(exclude) == 0); err != nil {
+				p.mu.Unlock()
+				closeAll(dead)
+				return nil, err
+			}
 			call = &dialCall{done: make(chan struct{})}
 			p.dialing[first] = call
-			go p.dial(first, cands, call)
+			go p.dial(first, cands, len(exclude) == 0, call)
 		}
 		p.mu.Unlock()
 		closeAll(dead)
@@ -149,6 +171,16 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// gotConn reports the connection a request is about to be sent on to the
+// request's httptrace.ClientTrace, as http.Transport does: its RemoteAddr
+// is the endpoint serving the request.
+func (c *clientConn) gotConn(req *http.Request) {
+	reused := c.used.Swap(true)
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.GotConn != nil && c.conn != nil {
+		trace.GotConn(httptrace.GotConnInfo{Conn: c.conn, Reused: reused})
 	}
 }
 
@@ -177,9 +209,30 @@ func closeAll(cs []*clientConn) {
 	}
 }
 
+// holdoffLocked returns the error of the last dial that failed on every
+// endpoint if it is younger than failedDialHoldoff and the new dial would
+// try every endpoint again (all).
+func (p *connPool) holdoffLocked(all bool) error {
+	if !all || p.failed == nil {
+		return nil
+	}
+	if wait := failedDialHoldoff - time.Since(p.failedAt); wait > 0 {
+		return fmt.Errorf("%w (every endpoint failed %s ago; next attempt in %s)",
+			p.failed, time.Since(p.failedAt).Round(time.Millisecond), wait.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// endHoldoff lets the next request dial at once.
+func (p *connPool) endHoldoff() {
+	p.mu.Lock()
+	p.failed = nil
+	p.mu.Unlock()
+}
+
 // dial opens a connection to the first answering candidate and adds it to
-// the pool.
-func (p *connPool) dial(first string, cands []string, call *dialCall) {
+// the pool. all says whether cands is every endpoint of the pool.
+func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) {
 	plan := &dialPlan{candidates: cands}
 	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
 	cc, err := p.t.NewClientConn(ctx, "https", p.origin)
@@ -189,8 +242,14 @@ func (p *connPool) dial(first string, cands []string, call *dialCall) {
 		err = errClosed
 		cc.Close()
 	}
+	switch {
+	case err == nil:
+		p.failed = nil
+	case all && !errors.Is(err, errClosed):
+		p.failed, p.failedAt = err, time.Now()
+	}
 	if err == nil {
-		c := &clientConn{cc: cc, addr: plan.addr, p: p}
+		c := &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
 		p.conns[plan.addr] = append(p.conns[plan.addr], c)
 		cc.SetStateHook(c.onState)
 		if plan.addr != first {
@@ -310,6 +369,8 @@ func (p *connPool) onEvent(ev upstream.Event) {
 		if ev.Prev != "" && p.pool.Usable(ev.Prev) {
 			p.retireExcept(ev.Addr)
 		}
+	case upstream.EventUp, upstream.EventAdded:
+		p.endHoldoff()
 	}
 }
 

@@ -56,15 +56,16 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			errs = append(errs, err)
 			break
 		}
+		c.gotConn(req)
 		resp, err := c.cc.RoundTrip(req)
 		reason := ""
 		if err == nil {
 			if !replayable(req) {
-				return resp, nil
+				return withConnBody(resp, c.cc), nil
 			}
 			refused, r := shutdownRefusal(resp)
 			if !refused {
-				return r, nil
+				return withConnBody(r, c.cc), nil
 			}
 			// The server is shutting down and did not process the request.
 			err = fmt.Errorf("server shutting down: %s", resp.Status)
@@ -223,6 +224,37 @@ func shutdownRefusal(resp *http.Response) (bool, *http.Response) {
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(body), rest), rest}
 	return false, resp
+}
+
+// connBody is a response body that ends with io.ErrUnexpectedEOF, as an
+// HTTP/1.1 body does, when its connection is gone: closed because its
+// endpoint went down or was removed, or lost (unanswered ping, reset).
+// HTTP/2 reports those as its own errors ("http2: client connection force
+// closed via ClientConn.Close", "http2: client connection lost"), which
+// client-go's watch decoder turns into an error event: the informer then
+// relists after a backoff. An unexpected EOF ends the watch instead, and
+// the reflector resumes it at once from its last resource version on
+// another endpoint: no relist, no event lost. Other errors (the request's
+// context, a stream reset by the server) pass unchanged.
+type connBody struct {
+	io.ReadCloser
+	cc *http.ClientConn
+}
+
+func withConnBody(resp *http.Response, cc *http.ClientConn) *http.Response {
+	if resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = &connBody{ReadCloser: resp.Body, cc: cc}
+	}
+	return resp
+}
+
+// Read implements io.Reader.
+func (b *connBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.cc.Err() != nil {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 func drain(resp *http.Response) {

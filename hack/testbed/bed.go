@@ -80,6 +80,8 @@ type Bed struct {
 	members []*APIServer
 	next    int // index of the next apiserver to add
 
+	lock *os.File // machine-wide: one bed at a time (see acquireLock)
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -87,7 +89,9 @@ type Bed struct {
 // Start brings up etcd and opts.APIServers kube-apiservers inside the
 // private network namespace (see ReexecInNetns) and returns once every
 // apiserver answers /readyz and the kubernetes EndpointSlice lists all of
-// them Ready. On error everything started is torn down.
+// them Ready. Only one bed runs at a time on a machine: Start first waits
+// (until ctx ends) for any other bed, in any process, to close. On error
+// everything started is torn down.
 func Start(ctx context.Context, opts Options) (*Bed, error) {
 	if !InNetns() {
 		return nil, ErrNotInNetns
@@ -160,6 +164,9 @@ func (b *Bed) logf(format string, args ...any) {
 
 func (b *Bed) start(ctx context.Context) error {
 	var err error
+	if b.lock, err = acquireLock(ctx, b.logf); err != nil {
+		return err
+	}
 	if b.tools, err = ensureHostTools(ctx, b.opts.EtcdPath, b.opts.InstallDeps, b.log); err != nil {
 		return err
 	}
@@ -399,8 +406,10 @@ func (b *Bed) Kubectl(ctx context.Context, args ...string) (string, error) {
 }
 
 // Close kills every process the bed started (hung ones too), waits for
-// them, removes the iptables rules and the lo addresses, and removes the
-// directory if Start created it. Safe to call more than once.
+// them, removes the iptables rules and the lo addresses, removes the
+// directory if Start created it and lets the next bed start (only one runs
+// at a time on a machine: Start waits for the others to close). Safe to
+// call more than once.
 func (b *Bed) Close() error {
 	b.closeOnce.Do(func() {
 		var errs []error
@@ -416,6 +425,9 @@ func (b *Bed) Close() error {
 		}
 		if b.removeDir {
 			errs = append(errs, os.RemoveAll(b.dir))
+		}
+		if b.lock != nil {
+			errs = append(errs, b.lock.Close())
 		}
 		b.closeErr = errors.Join(errs...)
 		b.logf("closed")

@@ -12,7 +12,7 @@ type rankKey struct {
 	class      int // health: see healthClass
 	locality   int // 0 local, 1 same zone, 2 elsewhere
 	lastResort int // 1 for an endpoint known only from static config
-	tier       int // RTT tier, see rttTier
+	tier       int // RTT tier, see rttTier and stickyTier
 	notPref    int // 0 for the currently preferred endpoint: stickiness
 	tie        uint64
 }
@@ -51,11 +51,39 @@ func rttTier(d time.Duration) int {
 	return 4
 }
 
+// tierHysteresis widens the current tier's bounds: an endpoint changes
+// tier only when its average RTT is this factor beyond them, so an RTT
+// hovering around a boundary does not flip the order (and move new
+// connections) back and forth.
+const tierHysteresis = 1.5
+
+// tierBounds returns the RTT range [lo, hi) of tier t; hi is 0 for the
+// last tier.
+func tierBounds(t int) (lo, hi time.Duration) {
+	bounds := []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond, 50 * time.Millisecond, 250 * time.Millisecond, 0}
+	return bounds[t], bounds[t+1]
+}
+
+// stickyTier returns the tier for average RTT d of an endpoint now in
+// tier cur: cur while d is within cur's bounds widened by tierHysteresis,
+// else rttTier(d).
+func stickyTier(cur int, d time.Duration) int {
+	t := rttTier(d)
+	if t == cur {
+		return cur
+	}
+	lo, hi := tierBounds(cur)
+	if float64(d)*tierHysteresis >= float64(lo) && (hi == 0 || float64(d) < float64(hi)*tierHysteresis) {
+		return cur
+	}
+	return t
+}
+
 func (p *Pool) keyLocked(e *endpoint) rankKey {
 	k := rankKey{
 		class:    healthClass(e),
 		locality: 2,
-		tier:     rttTier(e.rtt),
+		tier:     e.tier,
 		notPref:  1,
 		tie:      e.tie,
 	}

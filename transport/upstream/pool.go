@@ -139,6 +139,7 @@ type endpoint struct {
 	suspect  bool
 	draining bool
 	rtt      time.Duration
+	tier     int // RTT tier of rtt, with hysteresis; see setRTTLocked
 	conns    int
 	lastErr  error
 	since    time.Time
@@ -250,6 +251,7 @@ func (p *Pool) newEndpointLocked(s Spec, local bool, now time.Time) *endpoint {
 		zone:  s.Zone,
 		local: local,
 		tie:   maphash.String(p.seed, s.Addr),
+		tier:  rttTier(0),
 		state: StateUnknown,
 		since: now,
 	}
@@ -356,18 +358,23 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 	}
 }
 
-// setRTTLocked folds a probe duration into the moving average.
+// setRTTLocked folds a probe duration into the moving average and moves
+// the endpoint to another RTT tier when the average is clearly outside its
+// current one (see stickyTier). The first sample sets the tier directly.
 func (p *Pool) setRTTLocked(e *endpoint, rtt time.Duration) {
 	if rtt <= 0 {
 		return
 	}
-	old := rttTier(e.rtt)
+	var tier int
 	if e.rtt == 0 {
 		e.rtt = rtt
+		tier = rttTier(rtt)
 	} else {
 		e.rtt = (e.rtt*7 + rtt*3) / 10
+		tier = stickyTier(e.tier, e.rtt)
 	}
-	if rttTier(e.rtt) != old {
+	if tier != e.tier {
+		e.tier = tier
 		p.dirty = true
 	}
 }

@@ -1,0 +1,4 @@
+package transport
+
+// FailedDialHoldoff exposes failedDialHoldoff to the tests.
+const FailedDialHoldoff = failedDialHoldoff
