@@ -29,6 +29,9 @@ type RoundTripper struct {
 	conns       *connPool
 	next        http.RoundTripper
 	maxAttempts int
+	// altUsed adds Alt-Used to requests sent to an endpoint learned from
+	// Alt-Svc (RFC 7838 section 5).
+	altUsed bool
 }
 
 var _ http.RoundTripper = (*RoundTripper)(nil)
@@ -57,6 +60,10 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			break
 		}
 		c.gotConn(req)
+		if rt.altUsed && c.addr != rt.conns.origin && rt.conns.pool.Sources(c.addr)&upstream.SourceAltSvc != 0 {
+			req = req.Clone(req.Context())
+			req.Header.Set("Alt-Used", c.addr)
+		}
 		resp, err := c.cc.RoundTrip(req)
 		reason := ""
 		if err == nil {

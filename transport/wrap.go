@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttransport "k8s.io/client-go/transport"
 
+	"github.com/apifailover/apifailover/altsvc"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -75,6 +76,10 @@ type Options struct {
 	// MaxAttempts bounds the endpoints one request may be sent to. If zero,
 	// DefaultMaxAttempts (3).
 	MaxAttempts int
+
+	// AltSvc, if set, also learns API servers from Alt-Svc response
+	// headers, within its allowlist. See AltSvcOptions.
+	AltSvc *AltSvcOptions
 
 	// Logger receives endpoint state changes and failovers. The zero value
 	// discards.
@@ -200,11 +205,25 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	if maxAttempts <= 0 {
 		maxAttempts = DefaultMaxAttempts
 	}
+	var learner *altsvc.Learner
+	if opts.AltSvc != nil {
+		if learner, err = newAltSvcLearner(opts.AltSvc, u, f.pool, opts.Logger); err != nil {
+			cancel()
+			unsubscribe()
+			return nil, err
+		}
+		if f.proxied {
+			learner = nil // no direct alternatives through a proxy
+		}
+	}
 	f.config = rest.CopyConfig(cfg)
 	userWrap := cfg.WrapTransport
 	f.config.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		if !f.proxied && !isUpgrader(rt) {
-			rt = &RoundTripper{conns: f.conns, next: rt, maxAttempts: maxAttempts}
+			rt = &RoundTripper{conns: f.conns, next: rt, maxAttempts: maxAttempts, altUsed: learner != nil}
+			if learner != nil {
+				rt = learner.Wrap(rt)
+			}
 		}
 		if userWrap != nil {
 			rt = userWrap(rt)

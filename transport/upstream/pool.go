@@ -508,6 +508,16 @@ func (p *Pool) Status() []Status {
 	return out
 }
 
+// Sources returns the sources that know addr; zero if it is not in the pool.
+func (p *Pool) Sources(addr string) Source {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.eps[addr]; ok {
+		return e.sources
+	}
+	return 0
+}
+
 // Has reports whether addr is in the pool.
 func (p *Pool) Has(addr string) bool {
 	p.mu.Lock()

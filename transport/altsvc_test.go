@@ -1,0 +1,140 @@
+package transport_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+
+// advertise makes s answer with an Alt-Svc header listing addrs.
+func advertise(s *server, addrs ...string) {
+	v := ""
+	for i, a := range addrs {
+		if i > 0 {
+			v += ", "
+		}
+		v += fmt.Sprintf(`h2="%s";ma=60`, a)
+	}
+	s.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Alt-Svc", v)
+		w.Header().Set("X-Server", s.name)
+		fmt.Fprint(w, s.name)
+	})
+}
+
+func altSvcEndpoints(f *transport.Failover) map[string]upstream.State {
+	out := map[string]upstream.State{}
+	for _, s := range f.Pool().Status() {
+		if s.Sources&upstream.SourceAltSvc != 0 {
+			out[s.Addr] = s.State
+		}
+	}
+	return out
+}
+
+// wrapAltSvc wraps a client that knows only the first server (the front
+// proxy) and learns the others from Alt-Svc.
+func wrapAltSvc(t *testing.T, c *cluster, alt *transport.AltSvcOptions) *transport.Failover {
+	t.Helper()
+	f, err := transport.Wrap(t.Context(), c.config(), transport.Options{DisableDiscovery: true, AltSvc: alt})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestAltSvcLearnsAlternativesAndSurvivesTheFront(t *testing.T) {
+	c := newCluster(t, 3)
+	front, a, b := c.servers[0], c.servers[1], c.servers[2]
+	advertise(front, a.addr, b.addr)
+	seenAltUsed := make(chan string, 100)
+	for _, s := range []*server{a, b} {
+		s.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			seenAltUsed <- r.Header.Get("Alt-Used")
+			fmt.Fprint(w, s.name)
+		})
+	}
+	f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+	assert.Equal(t, front.name, mustGet(t, f, "/api"))
+	require.Eventually(t, func() bool {
+		eps := altSvcEndpoints(f)
+		return eps[a.addr] == upstream.StateHealthy && eps[b.addr] == upstream.StateHealthy
+	}, 10*time.Second, 10*time.Millisecond, "alternatives not learned: %+v", f.Pool().Status())
+
+	// The front is static only: the learned alternatives rank before it.
+	name := mustGet(t, f, "/api")
+	assert.Contains(t, []string{a.name, b.name}, name)
+	assert.Equal(t, c.named(name).addr, <-seenAltUsed, "requests to an alternative carry Alt-Used")
+
+	front.kill()
+	for range 5 {
+		assert.NotEqual(t, front.name, mustGet(t, f, "/api"))
+	}
+}
+
+func TestAltSvcPoisoning(t *testing.T) {
+	t.Run("alternative with a certificate for another name", func(t *testing.T) {
+		c := newCluster(t, 1)
+		impostor := newServer(t, "impostor", c.pki.wrong)
+		advertise(c.servers[0], impostor.addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+		mustGet(t, f, "/api")
+		require.Eventually(t, func() bool {
+			return altSvcEndpoints(f)[impostor.addr] == upstream.StateQuarantined
+		}, 10*time.Second, 10*time.Millisecond)
+		for range 5 {
+			mustGet(t, f, "/api")
+		}
+		c.servers[0].kill()
+		_, err := get(t, f, "/api")
+		require.Error(t, err, "the impostor must not serve")
+		assert.Zero(t, impostor.count("GET /api"), "no request bytes may reach the impostor")
+	})
+	t.Run("alternative outside the allowlist", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+		for range 3 {
+			mustGet(t, f, "/api")
+		}
+		assert.Empty(t, altSvcEndpoints(f))
+	})
+	t.Run("HTTP proxy configured", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		cfg := c.config()
+		proxyURL, _ := url.Parse("http://127.0.0.1:1")
+		cfg.Proxy = http.ProxyURL(proxyURL)
+		f, err := transport.Wrap(t.Context(), cfg, transport.Options{DisableDiscovery: true, AltSvc: &transport.AltSvcOptions{AllowedCIDRs: loopback}})
+		require.NoError(t, err)
+		defer f.Close()
+		_, err = get(t, f, "/api") // goes to the (absent) proxy
+		require.Error(t, err)
+		assert.Empty(t, altSvcEndpoints(f))
+		assert.Zero(t, c.servers[1].count("GET /api"))
+	})
+	t.Run("no allowlist is an error", func(t *testing.T) {
+		c := newCluster(t, 1)
+		_, err := transport.Wrap(t.Context(), c.config(), transport.Options{DisableDiscovery: true, AltSvc: &transport.AltSvcOptions{}})
+		require.ErrorContains(t, err, "AllowedCIDRs")
+	})
+}
+
+func (c *cluster) named(name string) *server {
+	for _, s := range c.servers {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
