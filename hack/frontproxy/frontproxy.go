@@ -47,7 +47,8 @@ type Proxy struct {
 	srv  *http.Server
 	ln   net.Listener
 	done chan struct{}
-	// Requests counts proxied requests.
+	// Requests counts proxied API requests; health checks (/readyz,
+	// /livez, /healthz) are not counted.
 	Requests atomic.Int64
 }
 
@@ -85,7 +86,11 @@ func Start(cfg Config) (*Proxy, error) {
 		ErrorLog:      log.New(io.Discard, "", 0),
 	}
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.Requests.Add(1)
+		switch r.URL.Path {
+		case "/readyz", "/livez", "/healthz":
+		default:
+			p.Requests.Add(1)
+		}
 		rp.ServeHTTP(w, r)
 	})
 	p.srv = &http.Server{
