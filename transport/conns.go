@@ -139,22 +139,18 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			return nil, fmt.Errorf("%w: every endpoint was tried", ErrNoEndpoint)
 		}
 		first := cands[0]
+		if c := p.reserve(first); c != nil {
+			return c, nil
+		}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
 			return nil, errClosed
 		}
-		c, dead := p.reserveLocked(first)
-		if c != nil {
-			p.mu.Unlock()
-			closeAll(dead)
-			return c, nil
-		}
 		call := p.dialing[first]
 		if call == nil {
 			if err := p.holdoffLocked(len(exclude) == 0); err != nil {
 				p.mu.Unlock()
-				closeAll(dead)
 				return nil, err
 			}
 			call = &dialCall{done: make(chan struct{})}
@@ -162,7 +158,6 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			go p.dial(first, cands, len(exclude) == 0, call)
 		}
 		p.mu.Unlock()
-		closeAll(dead)
 		select {
 		case <-call.done:
 			if call.err != nil {
@@ -184,23 +179,45 @@ func (c *clientConn) gotConn(req *http.Request) {
 	}
 }
 
-// reserveLocked reserves a slot on an open connection to addr that is not
-// retiring. It also returns connections found unusable, for closing.
-func (p *connPool) reserveLocked(addr string) (c *clientConn, dead []*clientConn) {
-	for _, cand := range p.conns[addr] {
-		if cand.retiring {
-			continue
-		}
-		if err := cand.cc.Reserve(); err == nil {
-			return cand, dead
-		}
-		if cand.cc.Err() != nil || cand.cc.InFlight() == 0 {
-			// Closed, or unusable while idle (GOAWAY): drop it.
-			cand.closedByPool = true
-			dead = append(dead, cand)
+// reserve reserves a slot on an open connection to addr that is not
+// retiring, and closes connections found unusable. The connections' methods
+// run outside p.mu: Reserve may call the state hook (onState), which takes
+// p.mu.
+func (p *connPool) reserve(addr string) *clientConn {
+	p.mu.Lock()
+	var cands []*clientConn
+	for _, c := range p.conns[addr] {
+		if !c.retiring {
+			cands = append(cands, c)
 		}
 	}
-	return nil, dead
+	p.mu.Unlock()
+	var dead []*clientConn
+	defer func() { closeAll(dead) }()
+	for _, c := range cands {
+		if err := c.cc.Reserve(); err == nil {
+			p.mu.Lock()
+			ok := !c.retiring && !c.closedByPool && !p.closed
+			if ok {
+				// A request is in flight: a loss from now on is news.
+				c.lastInFlight = max(c.lastInFlight, 1)
+			}
+			p.mu.Unlock()
+			if ok {
+				return c
+			}
+			c.cc.Release()
+			continue
+		}
+		if c.cc.Err() != nil || c.cc.InFlight() == 0 {
+			// Closed, or unusable while idle (GOAWAY): drop it.
+			p.mu.Lock()
+			c.closedByPool = true
+			p.mu.Unlock()
+			dead = append(dead, c)
+		}
+	}
+	return nil
 }
 
 func closeAll(cs []*clientConn) {
@@ -248,10 +265,10 @@ func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) 
 	case all && !errors.Is(err, errClosed):
 		p.failed, p.failedAt = err, time.Now()
 	}
+	var c *clientConn
 	if err == nil {
-		c := &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
+		c = &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
 		p.conns[plan.addr] = append(p.conns[plan.addr], c)
-		cc.SetStateHook(c.onState)
 		if plan.addr != first {
 			p.m.failover("dial")
 		}
@@ -259,6 +276,10 @@ func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) 
 	}
 	call.err = err
 	p.mu.Unlock()
+	if c != nil {
+		// Outside p.mu: SetStateHook may run the hook at once.
+		cc.SetStateHook(c.onState)
+	}
 	close(call.done)
 }
 
