@@ -163,7 +163,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		if err != nil {
 			p.log.Error(err, "discovery disabled")
 		} else {
-			bg.Go(func() { d.run(runCtx) })
+			bg.Go(func() { d.Run(runCtx) })
 		}
 	}
 

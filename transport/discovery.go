@@ -36,27 +36,51 @@ const (
 	maxBackoff = 30 * time.Second
 )
 
-// discoverer keeps the pool's discovered endpoints in line with the
-// kubernetes EndpointSlices, watched through the failover client itself (not
-// the Service's ClusterIP, so it works before the CNI does).
-type discoverer struct {
+// Discoverer keeps a pool's discovered endpoints in line with the
+// kubernetes EndpointSlices in default, falling back to polling the
+// kubernetes Endpoints when listing slices is forbidden (node identities).
+// Give it a client that goes through the failover path itself (not the
+// Service's ClusterIP), so that it works before the CNI does.
+type Discoverer struct {
 	client kubernetes.Interface
 	pool   *upstream.Pool
-	poll   time.Duration
+	opts   DiscovererOptions
 	log    logr.Logger
 }
 
-func newDiscoverer(cfg *rest.Config, hc *http.Client, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*discoverer, error) {
+// DiscovererOptions configures a Discoverer.
+type DiscovererOptions struct {
+	// PollInterval of the Endpoints fallback. If zero,
+	// DefaultDiscoveryPollInterval (10s).
+	PollInterval time.Duration
+	// OnUpdate, if set, is called after every update of the pool with the
+	// endpoints discovered (possibly none).
+	OnUpdate func([]upstream.Spec)
+	// Logger receives fallbacks and failures. The zero value discards.
+	Logger logr.Logger
+}
+
+// NewDiscoverer returns a Discoverer that sets pool's SourceDiscovery
+// endpoints. Start it with Run.
+func NewDiscoverer(client kubernetes.Interface, pool *upstream.Pool, opts DiscovererOptions) *Discoverer {
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultDiscoveryPollInterval
+	}
+	return &Discoverer{client: client, pool: pool, opts: opts, log: opts.Logger.WithName("discovery")}
+}
+
+func newDiscoverer(cfg *rest.Config, hc *http.Client, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*Discoverer, error) {
 	cs, err := kubernetes.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, fmt.Errorf("transport: discovery client: %w", err)
 	}
-	return &discoverer{client: cs, pool: pool, poll: poll, log: log.WithName("discovery")}, nil
+	return NewDiscoverer(cs, pool, DiscovererOptions{PollInterval: poll, Logger: log}), nil
 }
 
-// run watches EndpointSlices until ctx is done; when listing them is
-// forbidden it polls the Endpoints object instead.
-func (d *discoverer) run(ctx context.Context) {
+// Run watches EndpointSlices until ctx is done (relisting after a 410,
+// backing off with jitter after errors); when listing them is forbidden it
+// polls the Endpoints object instead.
+func (d *Discoverer) Run(ctx context.Context) {
 	b := backoff{}
 	for ctx.Err() == nil {
 		err := d.watchSlices(ctx)
@@ -83,7 +107,7 @@ func (d *discoverer) run(ctx context.Context) {
 // watchSlices lists the slices and follows the watch until it ends. It
 // returns nil when the watch ended normally (to be resumed by a new list)
 // and the error otherwise. A 410 Gone leads to a fresh list.
-func (d *discoverer) watchSlices(ctx context.Context) error {
+func (d *Discoverer) watchSlices(ctx context.Context) error {
 	api := d.client.DiscoveryV1().EndpointSlices(kubernetesNamespace)
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel})
 	if err != nil {
@@ -111,7 +135,7 @@ func (d *discoverer) watchSlices(ctx context.Context) error {
 
 // follow applies watch events until the watch ends. It returns the last
 // resource version seen.
-func (d *discoverer) follow(w watch.Interface, slicesByName map[string]*discoveryv1.EndpointSlice, rv string) (string, error) {
+func (d *Discoverer) follow(w watch.Interface, slicesByName map[string]*discoveryv1.EndpointSlice, rv string) (string, error) {
 	for ev := range w.ResultChan() {
 		switch ev.Type {
 		case watch.Error:
@@ -139,7 +163,7 @@ func (d *discoverer) follow(w watch.Interface, slicesByName map[string]*discover
 
 // apply sets the pool's discovered endpoints to the ready addresses of all
 // slices.
-func (d *discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
+func (d *Discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
 	var specs []upstream.Spec
 	for _, s := range slicesByName {
 		specs = append(specs, SlicesToSpecs(s)...)
@@ -147,7 +171,7 @@ func (d *discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
 	d.set(specs)
 }
 
-func (d *discoverer) set(specs []upstream.Spec) {
+func (d *Discoverer) set(specs []upstream.Spec) {
 	slices.SortFunc(specs, func(a, b upstream.Spec) int {
 		switch {
 		case a.Addr < b.Addr:
@@ -161,6 +185,9 @@ func (d *discoverer) set(specs []upstream.Spec) {
 		d.log.Info("ignoring invalid discovered endpoints", "err", err.Error())
 	}
 	d.log.V(2).Info("discovered endpoints", "count", len(specs))
+	if d.opts.OnUpdate != nil {
+		d.opts.OnUpdate(specs)
+	}
 }
 
 // SlicesToSpecs returns the ready endpoints of an EndpointSlice of the
@@ -202,7 +229,7 @@ func slicePort(ports []discoveryv1.EndpointPort) int32 {
 
 // pollEndpoints reads the kubernetes Endpoints object every poll interval
 // (node identities may get it but not list EndpointSlices).
-func (d *discoverer) pollEndpoints(ctx context.Context) {
+func (d *Discoverer) pollEndpoints(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	b := backoff{}
@@ -218,12 +245,12 @@ func (d *discoverer) pollEndpoints(ctx context.Context) {
 				return
 			}
 			d.log.V(1).Info("reading the kubernetes Endpoints failed", "err", err.Error())
-			t.Reset(max(b.next(), d.poll))
+			t.Reset(max(b.next(), d.opts.PollInterval))
 			continue
 		}
 		b.reset()
 		d.set(EndpointsToSpecs(ep))
-		t.Reset(jitter(d.poll))
+		t.Reset(jitter(d.opts.PollInterval))
 	}
 }
 

@@ -255,7 +255,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			d.run(runCtx)
+			d.Run(runCtx)
 		}()
 	}
 	context.AfterFunc(runCtx, f.conns.close)
