@@ -2,6 +2,8 @@ package e2e_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
+	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -29,12 +32,12 @@ type path struct {
 	connect func(t *testing.T, ctx context.Context, bed *testbed.Bed) *client
 }
 
-// paths are the client paths under test. A localproxy path adds an entry:
-// a kubeconfig for testbed.LocalProxy served by a localproxy.Run started
-// in connect, its /status for Endpoints/OpenConns/Serving and its dial
-// metrics for DialAttempts.
+// paths are the client paths under test: transport.Wrap in-process, and
+// testbed.LocalProxy (https://127.0.0.1:7445) served by a localproxy.Run
+// started in connect (see connectLocalProxy).
 var paths = []path{
 	{name: "transport", connect: connectTransport},
+	{name: "localproxy", connect: connectLocalProxy},
 }
 
 // client is what a scenario needs from a path.
@@ -61,6 +64,19 @@ type client struct {
 	// RecoveryBudget is how soon after an apiserver becomes ready again,
 	// with every apiserver down before, requests must succeed.
 	RecoveryBudget time.Duration
+	// MaxDownAttemptRate bounds the connection attempts per second while
+	// every apiserver is down (S6), given the client connections
+	// (requests for the transport, accepted TCP connections for a proxy)
+	// opened per second in that window.
+	MaxDownAttemptRate func(n int, clientConnsPerSecond float64) float64
+	// KillBudget bounds the GET resume time of S1 (SIGKILL of the
+	// serving apiserver); if zero, resumeBudget. The informer's resume is
+	// held to resumeBudget either way (client-go's reflector waits about
+	// a second before it watches again).
+	KillBudget time.Duration
+	// ClientConns returns how many connections the client side opened so
+	// far (a proxy's accepted connections); nil for in-process clients.
+	ClientConns func() int
 	// Log returns what the client logged (state changes, failovers) and
 	// its current state, for failed scenarios.
 	Log func() string
@@ -105,9 +121,10 @@ func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed) *clie
 			}
 			return true
 		},
-		OpenConns:      f.OpenConns,
-		DialAttempts:   func() map[string]int { return dialAttempts(t, reg) },
-		RecoveryBudget: time.Duration(cfg.Rise)*cfg.Interval + recoverySlack,
+		OpenConns:          f.OpenConns,
+		DialAttempts:       func() map[string]int { return dialAttempts(t, reg, "apifailover_dial_duration_seconds") },
+		RecoveryBudget:     time.Duration(cfg.Rise)*cfg.Interval + recoverySlack,
+		MaxDownAttemptRate: func(n int, _ float64) float64 { return maxDownAttemptRate(n) },
 		Log: func() string {
 			st, _ := json.MarshalIndent(f.Pool().Status(), "", "  ")
 			return fmt.Sprintf("%s\npool: %s\nopen connections: %v", logs.String(), st, f.OpenConns())
@@ -115,9 +132,11 @@ func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed) *clie
 	}
 }
 
-// dialAttempts sums apifailover_dial_duration_seconds observations per
-// endpoint: one per connection attempt, successful or not.
-func dialAttempts(t *testing.T, reg *prometheus.Registry) map[string]int {
+// dialAttempts sums the observations of histogram metric per endpoint
+// (apifailover_dial_duration_seconds for the transport,
+// apifailover_localproxy_dial_duration_seconds for the proxy): one per
+// connection attempt, successful or not.
+func dialAttempts(t *testing.T, reg *prometheus.Registry, metric string) map[string]int {
 	out := make(map[string]int)
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -125,7 +144,7 @@ func dialAttempts(t *testing.T, reg *prometheus.Registry) map[string]int {
 		return out
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "apifailover_dial_duration_seconds" {
+		if mf.GetName() != metric {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -163,4 +182,166 @@ func (b *logBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return strings.Join(b.lines, "\n")
+}
+
+// Addresses of the in-process localproxy: testbed.LocalProxy points at
+// proxyAddr.
+const (
+	proxyAddr       = "127.0.0.1:7445"
+	proxyHealthAddr = "127.0.0.1:7446"
+)
+
+// startLocalProxy runs a localproxy in this process (inside the bed's
+// network namespace) on proxyAddr, health on proxyHealthAddr, in front of
+// the bed's apiservers: readyz probes verified with the bed's CA and
+// origin name, discovery through the proxy as the localproxy identity. It
+// returns once the listeners are bound; cleanup stops it and waits.
+func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger) *localproxy.Proxy {
+	t.Helper()
+	var eps []string
+	for _, s := range bed.APIServers() {
+		eps = append(eps, s.Addr())
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
+		t.Fatal("bed CA: no certificate")
+	}
+	prober := &transport.Prober{
+		Mode:      transport.ProbeReadyz,
+		TLSConfig: &tls.Config{RootCAs: roots, ServerName: bed.OriginName(), MinVersion: tls.VersionTLS12},
+		Host:      bed.OriginName(),
+	}
+	p, err := localproxy.New(localproxy.Config{
+		Endpoints:       eps,
+		Origin:          bed.OriginName(),
+		ListenAddresses: []string{proxyAddr},
+		HealthAddress:   proxyHealthAddr,
+		// As cmd/localproxy's defaults: 1s interval, 500ms timeout, 2/2.
+		Pool:      upstream.Config{Prober: prober, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
+		Discovery: localproxy.DiscoveryConfig(bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity), proxyAddr, bed.OriginName()),
+		// Close what is left at once when the scenario ends, so the next
+		// one can bind the same port.
+		ShutdownTimeout: -1,
+		Registry:        reg,
+		Logger:          log,
+	})
+	if err != nil {
+		t.Fatalf("localproxy.New: %v", err)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("localproxy.Run: %v", err)
+		}
+	})
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		done <- err
+		t.Fatalf("localproxy.Run: %v", err)
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	return p
+}
+
+// connectLocalProxy is the node-local proxy path: a localproxy in this
+// process and an admin client for testbed.LocalProxy through it.
+func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *client {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	logs := &logBuffer{}
+	p := startLocalProxy(t, ctx, bed, reg, logs.logger())
+	cfg := bed.RESTConfig(testbed.LocalProxy)
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatalf("rest.HTTPClientFor: %v", err)
+	}
+	t.Cleanup(hc.CloseIdleConnections)
+	pcfg := p.Pool().Config()
+	status := func() map[string]upstream.Status {
+		out := make(map[string]upstream.Status)
+		for _, s := range p.Pool().Status() {
+			out[s.Addr] = s
+		}
+		return out
+	}
+	return &client{
+		Config:     cfg,
+		HTTPClient: hc,
+		// The endpoint with the most proxied connections (the client's
+		// and discovery's), the preferred one on a tie.
+		Serving: func() string {
+			best, most := "", 0
+			for _, s := range p.Pool().Status() {
+				if s.Conns > most || (s.Conns == most && s.Conns > 0 && s.Preferred) {
+					best, most = s.Addr, s.Conns
+				}
+			}
+			return best
+		},
+		Endpoints: func() map[string]string {
+			out := make(map[string]string)
+			for a, s := range status() {
+				out[a] = s.State.String()
+			}
+			return out
+		},
+		Settled: func(addrs []string) bool {
+			st := status()
+			for _, a := range addrs {
+				if s, ok := st[a]; !ok || s.State != upstream.StateHealthy || s.RTT == 0 {
+					return false
+				}
+			}
+			return true
+		},
+		OpenConns: func() map[string]int {
+			out := make(map[string]int)
+			for a, s := range status() {
+				if s.Conns > 0 {
+					out[a] = s.Conns
+				}
+			}
+			return out
+		},
+		DialAttempts:   func() map[string]int { return dialAttempts(t, reg, "apifailover_localproxy_dial_duration_seconds") },
+		RecoveryBudget: time.Duration(pcfg.Rise)*pcfg.Interval + recoverySlack,
+		// The proxy has no hold-off of its own: it dials for every client
+		// connection it accepts, each endpoint at most once (fail open
+		// when none is healthy). So the bound is n per accepted client
+		// connection, plus the transport's bound as slack for counting
+		// windows that do not line up.
+		MaxDownAttemptRate: func(n int, connsPerSecond float64) float64 {
+			return float64(n)*connsPerSecond + maxDownAttemptRate(n)
+		},
+		KillBudget:  100 * time.Millisecond, // issue 4
+		ClientConns: func() int { return counter(t, reg, "apifailover_localproxy_connections_accepted_total") },
+		Log: func() string {
+			st, _ := json.MarshalIndent(p.Status(), "", "  ")
+			return fmt.Sprintf("%s\nproxy: %s", logs.String(), st)
+		},
+	}
+}
+
+// counter returns the value of an unlabelled counter in reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) int {
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Errorf("gathering metrics: %v", err)
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			n := 0
+			for _, m := range mf.GetMetric() {
+				n += int(m.GetCounter().GetValue())
+			}
+			return n
+		}
+	}
+	return 0
 }

@@ -114,7 +114,10 @@ func faultServing(e *env, fault func(*testbed.APIServer) error, budget time.Dura
 // resumes elsewhere without a relist, every created object reaches the
 // informer, GETs go on.
 func s1Kill(e *env) {
-	faultServing(e, (*testbed.APIServer).Kill, resumeBudget)
+	_, r, t0 := faultServing(e, (*testbed.APIServer).Kill, resumeBudget)
+	if get, ok := r.FirstGetOK(t0); ok && e.c.KillBudget > 0 && get.Sub(t0) > e.c.KillBudget {
+		e.t.Errorf("GETs resumed %s after the kill, budget %s for this path", get.Sub(t0).Round(time.Millisecond), e.c.KillBudget)
+	}
 }
 
 // S2: the serving apiserver is blackholed. Dead connections must be
@@ -232,6 +235,7 @@ func s5GenerateName(e *env) {
 func (e *env) writesServedBy(w *workload.Workload) *testbed.APIServer {
 	e.t.Helper()
 	var addr string
+	proxied := false // the client does not report endpoints (a proxy)
 	err := e.waitFor("creates on one apiserver", observeLimit, func() bool {
 		r := w.Snapshot()
 		addr = ""
@@ -248,10 +252,11 @@ func (e *env) writesServedBy(w *workload.Workload) *testbed.APIServer {
 			}
 			n++
 		}
-		return n == 3 && e.isAPIServer(addr)
+		proxied = addr != "" && !e.isAPIServer(addr)
+		return proxied || (n == 3 && e.isAPIServer(addr))
 	})
-	if err != nil {
-		return e.serving(w) // the client does not report endpoints
+	if err != nil || proxied {
+		return e.serving(w)
 	}
 	for _, s := range e.bed.APIServers() {
 		if s.Addr() == addr {
@@ -279,9 +284,10 @@ func s6AllDown(e *env) {
 	// Skip the first second (failing over, connections breaking), then
 	// count attempts over a window with everything down.
 	e.sleep(time.Second)
-	from, fromAttempts := time.Now(), e.c.DialAttempts()
+	from, fromAttempts, fromConns := time.Now(), e.c.DialAttempts(), e.clientConns()
 	e.sleep(4 * time.Second)
 	window, attempts := time.Since(from), sum(e.c.DialAttempts())-sum(fromAttempts)
+	connRate := float64(e.clientConns()-fromConns) / window.Seconds()
 	snap := w.Snapshot()
 	requests := 0
 	for _, q := range append(snap.Gets, snap.Writes...) {
@@ -292,7 +298,13 @@ func s6AllDown(e *env) {
 	rate := float64(attempts) / window.Seconds()
 	e.figure("down_dial_attempts_per_second", rate, "/s")
 	e.figure("down_requests_per_second", float64(requests)/window.Seconds(), "/s")
+	if e.c.ClientConns != nil {
+		e.figure("down_client_conns_per_second", connRate, "/s")
+	}
 	limit := maxDownAttemptRate(len(servers))
+	if e.c.MaxDownAttemptRate != nil {
+		limit = e.c.MaxDownAttemptRate(len(servers), connRate)
+	}
 	if rate > limit {
 		e.t.Errorf("%.1f connection attempts/s with every apiserver down, want at most %.0f", rate, limit)
 	}
@@ -446,6 +458,14 @@ func s7Churn(e *env) {
 	if n := countFailedSince(r, t1); n > 0 {
 		e.t.Errorf("%d requests failed while the apiserver was removed gracefully, want 0", n)
 	}
+}
+
+// clientConns is the client's connection count, 0 if it does not say.
+func (e *env) clientConns() int {
+	if e.c.ClientConns == nil {
+		return 0
+	}
+	return e.c.ClientConns()
 }
 
 func countFailedSince(r workload.Results, t time.Time) int {
