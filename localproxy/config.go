@@ -32,8 +32,11 @@ const (
 	DefaultDiscoveryPoll   = 10 * time.Second
 	// DefaultKeepAlive and DefaultUserTimeout apply to client connections;
 	// upstream connections use the transport.Dialer defaults.
-	DefaultKeepAlive   = 5 * time.Second
-	DefaultUserTimeout = 10 * time.Second
+	DefaultKeepAlive = 5 * time.Second
+	// GracefulDrainTimeout bounds how long connections to an endpoint that
+	// fails /readyz but still answers stay open.
+	GracefulDrainTimeout = 10 * time.Second
+	DefaultUserTimeout   = 10 * time.Second
 )
 
 // ProxyProtocol selects the PROXY protocol header sent to upstreams.
@@ -105,7 +108,9 @@ type Config struct {
 
 	// DrainTimeout is how long client connections to an endpoint that went
 	// down or was removed may stay open before they are closed. If zero,
-	// they are closed at once.
+	// they are closed at once, except for an endpoint that still answers
+	// but fails /readyz (a graceful shutdown): its connections are drained
+	// for at least GracefulDrainTimeout.
 	DrainTimeout time.Duration
 	// ShutdownTimeout is how long open connections may keep going after Run's
 	// context is done and the listeners are closed. If zero,

@@ -375,7 +375,15 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	}
 	reason := "endpoint_" + ev.Kind.String()
 	p.m.failovers.WithLabelValues(reason).Add(float64(len(cs)))
-	if d := p.cfg.DrainTimeout; d > 0 {
+	d := p.cfg.DrainTimeout
+	if ev.Kind == upstream.EventDown && transport.IsReadyzError(ev.Err) {
+		// The server answers but is not ready, typically shutting down
+		// gracefully: it finishes the requests on these connections and
+		// closes them itself. Cutting them would lose a request in flight
+		// that the client cannot safely retry.
+		d = max(d, GracefulDrainTimeout)
+	}
+	if d > 0 {
 		p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", len(cs), "timeout", d)
 		deadline := time.Now().Add(d)
 		for _, c := range cs {

@@ -354,10 +354,17 @@ func (p *connPool) closeEndpoint(addr string) int {
 // retireExcept stops new requests on connections to endpoints other than
 // keep; each closes when its running requests are done.
 func (p *connPool) retireExcept(keep string) {
-	var idle []*clientConn
+	p.retire(func(addr string) bool { return addr != keep })
+}
+
+// retire stops new requests on the connections to the endpoints which
+// matches; each closes when its running requests are done. It returns the
+// connections that are still busy.
+func (p *connPool) retire(which func(addr string) bool) []*clientConn {
+	var idle, busy []*clientConn
 	p.mu.Lock()
 	for addr, cs := range p.conns {
-		if addr == keep {
+		if !which(addr) {
 			continue
 		}
 		for _, c := range cs {
@@ -369,17 +376,52 @@ func (p *connPool) retireExcept(keep string) {
 				c.closedByPool = true
 				idle = append(idle, c)
 				p.removeLocked(c)
+			} else {
+				busy = append(busy, c)
 			}
 		}
 	}
 	p.mu.Unlock()
 	closeAll(idle)
+	return busy
+}
+
+// gracefulDrain bounds how long requests may go on on the connections to an
+// endpoint that fails /readyz but still answers (a graceful shutdown: the
+// server finishes them and closes the connections itself).
+const gracefulDrain = 10 * time.Second
+
+// drainEndpoint retires the connections to addr and closes those still busy
+// after gracefulDrain.
+func (p *connPool) drainEndpoint(addr string) int {
+	busy := p.retire(func(a string) bool { return a == addr })
+	if len(busy) > 0 {
+		time.AfterFunc(gracefulDrain, func() {
+			p.mu.Lock()
+			for _, c := range busy {
+				c.closedByPool = true
+			}
+			p.mu.Unlock()
+			closeAll(busy)
+		})
+	}
+	return len(busy)
 }
 
 // onEvent reacts to pool changes.
 func (p *connPool) onEvent(ev upstream.Event) {
 	switch ev.Kind {
 	case upstream.EventDown, upstream.EventRemoved:
+		if ev.Kind == upstream.EventDown && IsReadyzError(ev.Err) {
+			// The server answers but is not ready, typically shutting
+			// down gracefully: no new requests go there, running ones
+			// finish (a POST cut here could not be retried).
+			if n := p.drainEndpoint(ev.Addr); n > 0 {
+				p.m.failover("endpoint_draining")
+				p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "conns", n, "timeout", gracefulDrain)
+			}
+			return
+		}
 		if n := p.closeEndpoint(ev.Addr); n > 0 {
 			p.m.failover("endpoint_" + ev.Kind.String())
 			p.log.Info("closed connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", n)

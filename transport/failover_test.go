@@ -3,6 +3,7 @@ package transport_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -203,7 +204,10 @@ func TestEndpointGoingDownClosesItsStreams(t *testing.T) {
 	defer resp.Body.Close()
 	<-started
 
-	victim.notReady.Store(true) // /readyz fails: graceful shutdown begins
+	// The endpoint stops answering connections (Fall failures in a row).
+	for range 2 {
+		f.Pool().ReportFailure(victim.addr, upstream.FailureDial, errors.New("connection refused"))
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(io.Discard, resp.Body)
@@ -217,6 +221,56 @@ func TestEndpointGoingDownClosesItsStreams(t *testing.T) {
 	}
 	assert.Zero(t, f.OpenConns()[victim.addr])
 	assert.NotEqual(t, victim.name, mustGet(t, f, "/api"))
+}
+
+func TestNotReadyEndpointDrains(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	victim := serving(t, c, f)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		close(started)
+		<-release // a create the server is still working on
+		io.WriteString(w, "created")
+	})
+	body := []byte(`{"metadata":{"generateName":"x-"}}`)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
+	require.NoError(t, err)
+	type result struct {
+		body string
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		resp, err := f.HTTPClient().Do(req)
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		res <- result{string(b), err}
+	}()
+	<-started
+
+	victim.notReady.Store(true) // /readyz fails: a graceful shutdown begins
+	require.Eventually(t, func() bool {
+		for _, s := range f.Pool().Status() {
+			if s.Addr == victim.addr {
+				return s.State == upstream.StateUnhealthy
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	assert.NotEqual(t, victim.name, mustGet(t, f, "/api"), "new requests go elsewhere")
+	close(release)
+	r := <-res
+	require.NoError(t, r.err, "the running create must finish, not be cut")
+	assert.Equal(t, "created", r.body)
+	require.Eventually(t, func() bool { return f.OpenConns()[victim.addr] == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the drained connection closes once idle")
 }
 
 func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {

@@ -28,8 +28,8 @@ func TestStreamOnLostConnectionEndsWithUnexpectedEOF(t *testing.T) {
 		fault func(s *server, cancel context.CancelFunc)
 		want  error
 	}{
-		// The pool closes the connection: "force closed via ClientConn.Close".
-		{"endpoint down", func(s *server, _ context.CancelFunc) { s.notReady.Store(true) }, io.ErrUnexpectedEOF},
+		// The server dies under the stream.
+		{"endpoint down", func(s *server, _ context.CancelFunc) { s.kill() }, io.ErrUnexpectedEOF},
 		// The ping goes unanswered: "http2: client connection lost".
 		{"connection lost", func(s *server, _ context.CancelFunc) { s.ln.freeze() }, io.ErrUnexpectedEOF},
 		// The caller gives up: its error, unchanged.
