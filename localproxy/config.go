@@ -109,8 +109,9 @@ type Config struct {
 	// DrainTimeout is how long client connections to an endpoint that went
 	// down or was removed may stay open before they are closed. If zero,
 	// they are closed at once, except for an endpoint that still answers
-	// but fails /readyz (a graceful shutdown): its connections are drained
-	// for at least GracefulDrainTimeout.
+	// (it fails /readyz, or leaves the EndpointSlice while healthy: a
+	// graceful shutdown): its connections are drained for at least
+	// GracefulDrainTimeout.
 	DrainTimeout time.Duration
 	// ShutdownTimeout is how long open connections may keep going after Run's
 	// context is done and the listeners are closed. If zero,

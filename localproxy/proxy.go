@@ -376,11 +376,11 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	reason := "endpoint_" + ev.Kind.String()
 	p.m.failovers.WithLabelValues(reason).Add(float64(len(cs)))
 	d := p.cfg.DrainTimeout
-	if ev.Kind == upstream.EventDown && transport.IsReadyzError(ev.Err) {
-		// The server answers but is not ready, typically shutting down
-		// gracefully: it finishes the requests on these connections and
-		// closes them itself. Cutting them would lose a request in flight
-		// that the client cannot safely retry.
+	if transport.Graceful(ev) {
+		// The server still answers: it is leaving gracefully, finishes the
+		// requests on these connections and closes them itself. Cutting
+		// them would lose a request in flight that the client cannot
+		// safely retry.
 		d = max(d, GracefulDrainTimeout)
 	}
 	if d > 0 {

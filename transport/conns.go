@@ -386,6 +386,20 @@ func (p *connPool) retire(which func(addr string) bool) []*clientConn {
 	return busy
 }
 
+// Graceful reports whether an EventDown or EventRemoved is for a server that
+// still answers, so that its connections should be drained rather than cut:
+// it failed /readyz with an answer, or it left its source while healthy
+// (an apiserver leaves the EndpointSlice as its graceful shutdown begins).
+func Graceful(ev upstream.Event) bool {
+	switch ev.Kind {
+	case upstream.EventDown:
+		return IsReadyzError(ev.Err)
+	case upstream.EventRemoved:
+		return ev.State == upstream.StateHealthy
+	}
+	return false
+}
+
 // gracefulDrain bounds how long requests may go on on the connections to an
 // endpoint that fails /readyz but still answers (a graceful shutdown: the
 // server finishes them and closes the connections itself).
@@ -412,10 +426,10 @@ func (p *connPool) drainEndpoint(addr string) int {
 func (p *connPool) onEvent(ev upstream.Event) {
 	switch ev.Kind {
 	case upstream.EventDown, upstream.EventRemoved:
-		if ev.Kind == upstream.EventDown && IsReadyzError(ev.Err) {
-			// The server answers but is not ready, typically shutting
-			// down gracefully: no new requests go there, running ones
-			// finish (a POST cut here could not be retried).
+		if Graceful(ev) {
+			// The server still answers, typically shutting down
+			// gracefully: no new requests go there, running ones finish
+			// (a POST cut here could not be retried).
 			if n := p.drainEndpoint(ev.Addr); n > 0 {
 				p.m.failover("endpoint_draining")
 				p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "conns", n, "timeout", gracefulDrain)
