@@ -3,11 +3,11 @@ package e2e_test
 import (
 	"context"
 	"math"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/hack/testbed/bedtest"
 )
 
 // scenario is one fault injected under load. run asserts its invariants
@@ -62,33 +62,10 @@ func TestFailover(t *testing.T) {
 	}
 }
 
-// startBed starts a bed of three apiservers or skips (outside CI/e2e
-// runs) when the machine is not prepared.
+// startBed starts a bed of three apiservers (see bedtest.Start).
 func startBed(t *testing.T, ctx context.Context) *testbed.Bed {
 	t.Helper()
-	opts := testbed.Options{APIServers: 3}
-	if netnsErr != nil {
-		t.Skipf("no private network namespace (set APIFAILOVER_E2E=1 to fail instead): %v", netnsErr)
-	}
-	if !strict() {
-		if err := testbed.CheckPrerequisites(opts); err != nil {
-			t.Skipf("prerequisites missing (set APIFAILOVER_E2E=1 to install/build and fail instead):\n%v", err)
-		}
-	}
-	opts.InstallDeps = strict() && os.Geteuid() == 0
-	opts.Dir = bedDir(t)
-	opts.Log = t.Output()
-	began := time.Now()
-	bed, err := testbed.Start(ctx, opts)
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	t.Logf("bed with %d apiservers up in %s", opts.APIServers, time.Since(began).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := bed.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
+	bed := bedtest.Start(t, ctx, testbed.Options{APIServers: 3})
 	if !bed.LoopbackExempt() {
 		t.Log("apiserver loopback connections are not exempt from faults: a blackholed apiserver may flap in the EndpointSlice")
 	}

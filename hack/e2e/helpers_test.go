@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -348,13 +347,4 @@ func sum(m map[string]int) int {
 		n += v
 	}
 	return n
-}
-
-// bedDir is where the test bed keeps its files: APIFAILOVER_TESTBED_DIR
-// if set, else a test temporary directory.
-func bedDir(t *testing.T) string {
-	if d := os.Getenv("APIFAILOVER_TESTBED_DIR"); d != "" {
-		return d
-	}
-	return t.TempDir()
 }

@@ -18,33 +18,19 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/hack/testbed/bedtest"
 )
 
-// netnsErr is why the process could not enter a private network namespace.
-var netnsErr error
-
 func TestMain(m *testing.M) {
-	if err := testbed.ReexecInNetns(); err != nil {
-		if strict() {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
+	bedtest.Main(m, func(code int) int {
+		if err := writeSummary(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: writing summary:", err)
+			if code == 0 {
+				code = 1
+			}
 		}
-		netnsErr = err
-	}
-	code := m.Run()
-	if err := writeSummary(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: writing summary:", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// strict is true in CI and e2e runs: missing prerequisites fail, never skip.
-func strict() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("APIFAILOVER_E2E") == "1"
+		return code
+	})
 }
 
 // row is one line of summary.json.

@@ -22,63 +22,14 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/hack/testbed/bedtest"
 )
 
-// netnsErr is why the process could not enter a private network namespace.
-var netnsErr error
+func TestMain(m *testing.M) { bedtest.Main(m, nil) }
 
-func TestMain(m *testing.M) {
-	if err := testbed.ReexecInNetns(); err != nil {
-		if strict() {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		netnsErr = err
-	}
-	os.Exit(m.Run())
-}
-
-// strict is true in CI and e2e runs: missing prerequisites fail, never skip.
-func strict() bool {
-	return os.Getenv("CI") == "true" || os.Getenv("APIFAILOVER_E2E") == "1"
-}
-
-// startBed starts a bed or skips (outside CI/e2e runs) when the machine is
-// not prepared.
 func startBed(t *testing.T, ctx context.Context, opts testbed.Options) *testbed.Bed {
 	t.Helper()
-	if netnsErr != nil {
-		t.Skipf("no private network namespace (set APIFAILOVER_E2E=1 to fail instead): %v", netnsErr)
-	}
-	if !strict() {
-		if err := testbed.CheckPrerequisites(opts); err != nil {
-			t.Skipf("prerequisites missing (set APIFAILOVER_E2E=1 to install/build and fail instead):\n%v", err)
-		}
-	}
-	opts.InstallDeps = strict() && os.Geteuid() == 0
-	if opts.Dir == "" {
-		// APIFAILOVER_TESTBED_DIR keeps certificates, kubeconfigs and
-		// logs for inspection.
-		opts.Dir = os.Getenv("APIFAILOVER_TESTBED_DIR")
-	}
-	if opts.Dir == "" {
-		opts.Dir = t.TempDir()
-	}
-	if opts.Log == nil {
-		opts.Log = t.Output()
-	}
-	began := time.Now()
-	bed, err := testbed.Start(ctx, opts)
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	t.Logf("bed with %d apiservers up in %s", opts.APIServers, time.Since(began).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := bed.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return bed
+	return bedtest.Start(t, ctx, opts)
 }
 
 // freshClient is an admin clientset for apiserver s with its own
