@@ -80,6 +80,12 @@ type client struct {
 	// requests fail when the removed apiserver exits, although its
 	// connections are drained rather than cut.
 	RemovalFailuresKnown bool
+	// ShutdownRefusalsReachClient marks an L4 path: the 429 (Retry-After)
+	// a stopping apiserver answers to new requests on a drained connection
+	// reaches the client, whose client-go retries it by itself (the
+	// workload turns those retries off). The request was not processed.
+	// S4 counts such refusals apart from failures.
+	ShutdownRefusalsReachClient bool
 	// ClientConns returns how many connections the client side opened so
 	// far (a proxy's accepted connections); nil for in-process clients.
 	ClientConns func() int
@@ -324,9 +330,10 @@ func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *cli
 		MaxDownAttemptRate: func(n int, connsPerSecond float64) float64 {
 			return float64(n)*connsPerSecond + maxDownAttemptRate(n)
 		},
-		KillBudget:           100 * time.Millisecond, // issue 4
-		RemovalFailuresKnown: true,
-		ClientConns:          func() int { return counter(t, reg, "apifailover_localproxy_connections_accepted_total") },
+		KillBudget:                  100 * time.Millisecond, // issue 4
+		RemovalFailuresKnown:        true,
+		ShutdownRefusalsReachClient: true,
+		ClientConns:                 func() int { return counter(t, reg, "apifailover_localproxy_connections_accepted_total") },
 		Log: func() string {
 			st, _ := json.MarshalIndent(p.Status(), "", "  ")
 			return fmt.Sprintf("%s\nproxy: %s", logs.String(), st)

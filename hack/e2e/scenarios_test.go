@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"strconv"
 	"time"
 
@@ -161,11 +162,18 @@ func s4Graceful(e *env) {
 	r := e.stopLoad(w)
 	e.logTimeline(r, t0)
 	e.resume(r, t0, 0)
-	if n := r.FailedGets(); n > 0 {
-		e.t.Errorf("%d GETs failed during a graceful shutdown, want 0", n)
+	failedGets, failedWrites := r.FailedGets(), r.FailedWrites()
+	if e.c.ShutdownRefusalsReachClient {
+		rg, rw := shutdownRefusals(r.Gets), shutdownRefusals(r.Writes)
+		e.figure("shutdown_refusals", float64(rg+rw), "")
+		failedGets -= rg
+		failedWrites -= rw
 	}
-	if n := r.FailedWrites(); n > 0 {
-		e.t.Errorf("%d creates failed during a graceful shutdown, want 0", n)
+	if failedGets > 0 {
+		e.t.Errorf("%d GETs failed during a graceful shutdown, want 0", failedGets)
+	}
+	if failedWrites > 0 {
+		e.t.Errorf("%d creates failed during a graceful shutdown, want 0", failedWrites)
 	}
 	if n := r.ListsSince(t0); n > 0 {
 		e.t.Errorf("the informer relisted %d times during a graceful shutdown, want 0", n)
@@ -482,6 +490,18 @@ func countFailedSince(r workload.Results, t time.Time) int {
 	n := 0
 	for _, q := range append(r.Gets, r.Writes...) {
 		if !q.OK() && !q.End.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// shutdownRefusals counts requests a stopping apiserver refused with 429
+// and Retry-After: not processed, and retried by client-go by itself.
+func shutdownRefusals(rs []workload.Request) int {
+	n := 0
+	for _, r := range rs {
+		if _, retry := apierrors.SuggestsClientDelay(r.Err); retry && apierrors.IsTooManyRequests(r.Err) {
 			n++
 		}
 	}
