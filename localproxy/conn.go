@@ -60,14 +60,25 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	defer p.forget(c)
 	defer c.close()
 	tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout)
+	if err := p.hold.Err(); err != nil {
+		// Every endpoint refused a moment ago: do not dial them all again
+		// for each client that reconnects.
+		p.m.rejected.WithLabelValues("holdoff").Inc()
+		p.log.V(2).Info("closing the connection without dialing", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		return
+	}
 	seq := p.eventSeq()
 	cands := p.pool.Candidates()
 	up, addr, err := p.dialer.DialAny(ctx, cands)
 	if err != nil {
+		if ctx.Err() == nil {
+			p.hold.Record(err)
+		}
 		p.m.rejected.WithLabelValues("no_endpoint").Inc()
 		p.log.Info("no endpoint accepted the connection", "client", c.client.RemoteAddr().String(), "err", err.Error())
 		return
 	}
+	p.hold.End()
 	if len(cands) > 0 && addr != cands[0] {
 		p.m.failovers.WithLabelValues("dial").Inc()
 	}

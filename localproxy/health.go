@@ -29,6 +29,19 @@ type Status struct {
 	ActiveConnections int64 `json:"activeConnections"`
 	// Upstreams lists every endpoint in candidate order (best first).
 	Upstreams []UpstreamStatus `json:"upstreams"`
+	// Removed lists endpoints that left the pool while client connections
+	// to them are still open: drained until the server closes them or
+	// their deadline passes.
+	Removed []RemovedUpstream `json:"removed,omitempty"`
+}
+
+// RemovedUpstream is an endpoint no longer in the pool that still has
+// connections.
+type RemovedUpstream struct {
+	Addr  string `json:"addr"`
+	Conns int    `json:"conns"`
+	// CloseBy is when the proxy closes what is left (zero: closing now).
+	CloseBy time.Time `json:"closeBy,omitzero"`
 }
 
 // UpstreamStatus is one endpoint in /status: upstream.Status with its
@@ -49,9 +62,12 @@ func (p *Proxy) Status() Status {
 		ShuttingDown:      p.stopping.Load(),
 		ActiveConnections: p.active.Load(),
 	}
+	inPool := make(map[string]bool)
 	for _, u := range p.pool.Status() {
+		inPool[u.Addr] = true
 		s.Upstreams = append(s.Upstreams, UpstreamStatus{Status: u, Sources: u.Sources.String(), State: u.State.String()})
 	}
+	s.Removed = p.removedUpstreams(inPool)
 	for _, a := range p.Addrs() {
 		s.Listeners = append(s.Listeners, a.String())
 	}

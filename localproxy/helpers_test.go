@@ -35,6 +35,12 @@ func newServer(t testing.TB, handle func(*net.TCPConn)) *server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return serveOn(t, ln, handle)
+}
+
+// serveOn runs handle for each connection accepted on ln until the test
+// ends.
+func serveOn(t testing.TB, ln net.Listener, handle func(*net.TCPConn)) *server {
 	s := &server{ln: ln, handle: handle, conns: make(map[net.Conn]struct{})}
 	s.wg.Go(s.acceptLoop)
 	t.Cleanup(s.close)
@@ -42,11 +48,11 @@ func newServer(t testing.TB, handle func(*net.TCPConn)) *server {
 }
 
 // newEcho returns a server that echoes until EOF, then half-closes.
-func newEcho(t testing.TB) *server {
-	return newServer(t, func(c *net.TCPConn) {
-		io.Copy(c, c)
-		c.CloseWrite()
-	})
+func newEcho(t testing.TB) *server { return newServer(t, echo) }
+
+func echo(c *net.TCPConn) {
+	io.Copy(c, c)
+	c.CloseWrite()
 }
 
 func (s *server) addr() string { return s.ln.Addr().String() }

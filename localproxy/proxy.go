@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,8 +30,11 @@ type Proxy struct {
 	log    logr.Logger
 	pool   *upstream.Pool
 	dialer *transport.Dialer
-	m      *metrics
-	beat   heartbeat
+	// hold closes new clients at once, without dialing, for a moment after
+	// every endpoint refused.
+	hold transport.Holdoff
+	m    *metrics
+	beat heartbeat
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -52,6 +57,9 @@ type Proxy struct {
 	// ever dropped.
 	seq    uint64
 	downAt map[string]uint64
+	// closeBy is the drain deadline of endpoints whose connections were
+	// drained when they went down or were removed, while any remain.
+	closeBy map[string]time.Time
 }
 
 // New validates cfg and returns a proxy. It opens no sockets and starts no
@@ -68,6 +76,7 @@ func New(cfg Config) (*Proxy, error) {
 		conns:      make(map[*conn]struct{}),
 		byUpstream: make(map[string]map[*conn]struct{}),
 		downAt:     make(map[string]uint64),
+		closeBy:    make(map[string]time.Time),
 	}
 	poolCfg := cfg.Pool
 	if poolCfg.Prober != nil {
@@ -349,6 +358,7 @@ func (p *Proxy) forget(c *conn) {
 		delete(m, c)
 		if len(m) == 0 {
 			delete(p.byUpstream, c.addr)
+			delete(p.closeBy, c.addr)
 		}
 	}
 	p.mu.Unlock()
@@ -357,8 +367,9 @@ func (p *Proxy) forget(c *conn) {
 }
 
 // onEvent closes, or drains, the connections of an endpoint that went down
-// or was removed.
+// or was removed, and ends the dial holdoff when one comes up or is added.
 func (p *Proxy) onEvent(ev upstream.Event) {
+	p.hold.OnEvent(ev)
 	if ev.Kind != upstream.EventDown && ev.Kind != upstream.EventRemoved {
 		return
 	}
@@ -386,6 +397,11 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	if d > 0 {
 		p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", len(cs), "timeout", d)
 		deadline := time.Now().Add(d)
+		p.mu.Lock()
+		if len(p.byUpstream[ev.Addr]) > 0 {
+			p.closeBy[ev.Addr] = deadline
+		}
+		p.mu.Unlock()
 		for _, c := range cs {
 			c.closeBy(deadline)
 		}
@@ -395,6 +411,21 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	for _, c := range cs {
 		c.close()
 	}
+}
+
+// removedUpstreams lists the endpoints with connections that are not in
+// the pool (inPool), in address order.
+func (p *Proxy) removedUpstreams(inPool map[string]bool) []RemovedUpstream {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []RemovedUpstream
+	for addr, cs := range p.byUpstream {
+		if !inPool[addr] {
+			out = append(out, RemovedUpstream{Addr: addr, Conns: len(cs), CloseBy: p.closeBy[addr]})
+		}
+	}
+	slices.SortFunc(out, func(a, b RemovedUpstream) int { return strings.Compare(a.Addr, b.Addr) })
+	return out
 }
 
 func addrStrings(lns []net.Listener) []string {

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -277,6 +278,30 @@ func TestRemovedUpstreamClosesConnections(t *testing.T) {
 	assert.Equal(t, int64(1), b.open.Load())
 }
 
+// Connections to an endpoint removed with a drain timeout stay open until
+// the deadline, and /status keeps listing them under removed meanwhile.
+func TestRemovedUpstreamDrainsAndIsListed(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	const drain = 300 * time.Millisecond
+	r := start(t, localproxy.Config{Endpoints: []string{a.addr()}, DrainTimeout: drain})
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "to a"))
+
+	removedAt := time.Now()
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: b.addr()}}))
+	st := r.Status()
+	require.Len(t, st.Removed, 1, "status: %+v", st)
+	assert.Equal(t, a.addr(), st.Removed[0].Addr)
+	assert.Equal(t, 1, st.Removed[0].Conns)
+	assert.WithinDuration(t, removedAt.Add(drain), st.Removed[0].CloseBy, drain)
+	require.NoError(t, roundTrip(c, "still to a while draining"))
+
+	require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, 5*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(removedAt), drain)
+	require.Eventually(t, func() bool { return len(r.Status().Removed) == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, int64(0), a.open.Load())
+}
+
 func TestDownUpstreamDrainsThenCloses(t *testing.T) {
 	for _, drain := range []time.Duration{0, 500 * time.Millisecond} {
 		t.Run(fmt.Sprintf("drain=%v", drain), func(t *testing.T) {
@@ -351,6 +376,72 @@ func TestNoEndpointAcceptsClosesClient(t *testing.T) {
 	_, err = c.Read(make([]byte, 1))
 	require.Error(t, err)
 	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "no_endpoint"))
+}
+
+// While every endpoint refuses, clients that reconnect in a loop (kubelet,
+// kubectl retries) do not each make a round of dials: for a holdoff after a
+// failed round the proxy closes them without dialing.
+func TestDialsHeldOffWhileEveryEndpointRefuses(t *testing.T) {
+	var dead []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		dead = append(dead, ln.Addr().String())
+		ln.Close()
+	}
+	r := start(t, localproxy.Config{Endpoints: dead})
+	dials := func() float64 {
+		n := 0.0
+		for _, a := range dead {
+			n += metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", a, "result", "error")
+		}
+		return n
+	}
+	begin := time.Now()
+	clients := 0
+	for time.Since(begin) < 3*transport.DefaultHoldoff {
+		c := dial(t, r.addr())
+		require.True(t, closedByPeer(c), "a client with no endpoint to go to is closed")
+		clients++
+	}
+	elapsed := time.Since(begin)
+	rounds := dials() / float64(len(dead))
+	held := metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "holdoff")
+	t.Logf("%d clients in %v: %.1f rounds of dials, %.0f closed without dialing", clients, elapsed, rounds, held)
+	assert.LessOrEqual(t, rounds, float64(elapsed/transport.DefaultHoldoff)+2, "dials must not follow the client connection rate")
+	assert.Greater(t, float64(clients), 3*rounds, "too few clients to tell a holdoff from none")
+	assert.Equal(t, float64(clients), held+metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "no_endpoint"))
+}
+
+// An endpoint that comes back ends the holdoff at once: the next client is
+// proxied without waiting for it to expire.
+func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	pr := newProber()
+	pr.set(addr, errors.New("down"))
+	r := start(t, localproxy.Config{
+		Endpoints: []string{addr},
+		Pool:      upstream.Config{Prober: pr, Interval: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, Rise: 1, Fall: 1},
+	})
+	require.Eventually(t, func() bool { return r.Pool().Status()[0].State == upstream.StateUnhealthy }, 5*time.Second, time.Millisecond)
+	var failedAt time.Time
+	for range 2 {
+		require.True(t, closedByPeer(dial(t, r.addr())))
+		failedAt = time.Now()
+	}
+	require.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "holdoff"), "the second client was not held off: nothing is tested")
+
+	ln, err = net.Listen("tcp", addr)
+	require.NoError(t, err)
+	serveOn(t, ln, echo)
+	pr.set(addr, nil)
+	require.Eventually(t, func() bool { return r.Pool().Status()[0].State == upstream.StateHealthy }, 5*time.Second, time.Millisecond)
+	require.NoError(t, roundTrip(dial(t, r.addr()), "back"))
+	since := time.Since(failedAt)
+	assert.Less(t, since, transport.DefaultHoldoff, "the client came after the holdoff: nothing was tested")
 }
 
 func TestRestartRebindsAtOnce(t *testing.T) {

@@ -22,14 +22,6 @@ import (
 // (HTTP/2 needs one).
 const maxIdlePerEndpoint = 4
 
-// failedDialHoldoff is how long after a connection setup failed on every
-// endpoint new requests fail at once with its error instead of dialing
-// again: while every API server is down a client makes at most one round
-// of attempts per holdoff, whatever its request rate, and does not hammer
-// servers that are coming back. An endpoint becoming healthy or being
-// added ends the holdoff at once.
-const failedDialHoldoff = 250 * time.Millisecond
-
 // errClosed is returned for requests after Close.
 var errClosed = errors.New("transport: failover transport closed")
 
@@ -54,10 +46,9 @@ type connPool struct {
 	conns   map[string][]*clientConn
 	dialing map[string]*dialCall // in-flight dials by first candidate
 	closed  bool
-	// failed is the error of the last dial that tried every endpoint and
-	// failed, at failedAt; nil after a success.
-	failed   error
-	failedAt time.Time
+	// hold makes new requests fail at once for a while after a dial that
+	// tried every endpoint failed.
+	hold Holdoff
 }
 
 // clientConn is one connection to one endpoint.
@@ -149,7 +140,7 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 		}
 		call := p.dialing[first]
 		if call == nil {
-			if err := p.holdoffLocked(len(exclude) == 0); err != nil {
+			if err := p.hold.Err(); err != nil && len(exclude) == 0 {
 				p.mu.Unlock()
 				return nil, err
 			}
@@ -226,27 +217,6 @@ func closeAll(cs []*clientConn) {
 	}
 }
 
-// holdoffLocked returns the error of the last dial that failed on every
-// endpoint if it is younger than failedDialHoldoff and the new dial would
-// try every endpoint again (all).
-func (p *connPool) holdoffLocked(all bool) error {
-	if !all || p.failed == nil {
-		return nil
-	}
-	if wait := failedDialHoldoff - time.Since(p.failedAt); wait > 0 {
-		return fmt.Errorf("%w (every endpoint failed %s ago; next attempt in %s)",
-			p.failed, time.Since(p.failedAt).Round(time.Millisecond), wait.Round(time.Millisecond))
-	}
-	return nil
-}
-
-// endHoldoff lets the next request dial at once.
-func (p *connPool) endHoldoff() {
-	p.mu.Lock()
-	p.failed = nil
-	p.mu.Unlock()
-}
-
 // dial opens a connection to the first answering candidate and adds it to
 // the pool. all says whether cands is every endpoint of the pool.
 func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) {
@@ -261,9 +231,9 @@ func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) 
 	}
 	switch {
 	case err == nil:
-		p.failed = nil
+		p.hold.End()
 	case all && !errors.Is(err, errClosed):
-		p.failed, p.failedAt = err, time.Now()
+		p.hold.Record(err)
 	}
 	var c *clientConn
 	if err == nil {
@@ -447,7 +417,7 @@ func (p *connPool) onEvent(ev upstream.Event) {
 			p.retireExcept(ev.Addr)
 		}
 	case upstream.EventUp, upstream.EventAdded:
-		p.endHoldoff()
+		p.hold.OnEvent(ev)
 	}
 }
 

@@ -122,6 +122,13 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", u.Addr, state, u.Sources, local, rtt, u.Conns, since, lastErr)
 	}
+	for _, u := range st.Removed {
+		closing := "closing now"
+		if !u.CloseBy.IsZero() {
+			closing = "closed in " + max(u.CloseBy.Sub(now), 0).Round(time.Second).String() + " at the latest"
+		}
+		fmt.Fprintf(tw, "%s\tremoved (draining)\t-\t-\t-\t%d\t-\t%s\n", u.Addr, u.Conns, closing)
+	}
 	tw.Flush()
 	fmt.Fprintln(w, "\n* preferred: new connections go there first")
 }

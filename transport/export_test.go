@@ -1,4 +1,0 @@
-package transport
-
-// FailedDialHoldoff exposes failedDialHoldoff to the tests.
-const FailedDialHoldoff = failedDialHoldoff
