@@ -33,6 +33,9 @@ type testPKI struct {
 	cert  tls.Certificate
 	// wrong is a certificate from the same CA for another name.
 	wrong tls.Certificate
+	// client is a client certificate from the same CA for "probe-client".
+	client tls.Certificate
+	ca     *x509.Certificate
 }
 
 func newPKI(t testing.TB) *testPKI {
@@ -55,7 +58,7 @@ func newPKI(t testing.TB) *testPKI {
 		t.Fatal(err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(name string, serial int64) tls.Certificate {
+	leaf := func(name string, serial int64, usage x509.ExtKeyUsage) tls.Certificate {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +70,7 @@ func newPKI(t testing.TB) *testPKI {
 			NotBefore:    time.Now().Add(-time.Hour),
 			NotAfter:     time.Now().Add(24 * time.Hour),
 			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 		if err != nil {
@@ -76,9 +79,11 @@ func newPKI(t testing.TB) *testPKI {
 		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	}
 	return &testPKI{
-		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		cert:  leaf(originName, 2),
-		wrong: leaf("wrong.test", 3),
+		caPEM:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		cert:   leaf(originName, 2, x509.ExtKeyUsageServerAuth),
+		wrong:  leaf("wrong.test", 3, x509.ExtKeyUsageServerAuth),
+		client: leaf("probe-client", 4, x509.ExtKeyUsageClientAuth),
+		ca:     ca,
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -57,6 +59,31 @@ type Prober struct {
 }
 
 var _ upstream.Prober = (*Prober)(nil)
+
+// WithCredentials returns a copy of p whose probes authenticate as cfg
+// does: its bearer token (a token file is re-read as it rotates) and its
+// client certificate. For clusters that do not serve /readyz to anonymous
+// users.
+func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
+	q := *p
+	if a := bearer(cfg); a != nil {
+		q.Authorization = a
+	}
+	tc, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("probe credentials: %w", err)
+	}
+	if tc != nil && (len(tc.Certificates) > 0 || tc.GetClientCertificate != nil) {
+		if q.TLSConfig == nil {
+			q.TLSConfig = &tls.Config{}
+		} else {
+			q.TLSConfig = q.TLSConfig.Clone()
+		}
+		q.TLSConfig.Certificates = tc.Certificates
+		q.TLSConfig.GetClientCertificate = tc.GetClientCertificate
+	}
+	return &q, nil
+}
 
 // maxProbeResponse bounds how much of a /readyz response is read.
 const maxProbeResponse = 64 << 10

@@ -95,7 +95,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.rise, "rise", 2, "consecutive successful probes that make an endpoint healthy")
 	fs.IntVar(&o.fall, "fall", 2, "consecutive failed probes that make an endpoint unhealthy")
 	fs.BoolVar(&o.enableDiscovery, "enable-discovery", false, "discover API servers from the kubernetes EndpointSlices, through this proxy")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the credentials and CA for discovery (default: the in-cluster service account); its server is replaced by this proxy")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the credentials for discovery and /readyz probes, and the CA for discovery (default: the in-cluster service account, if any); its server is replaced by this proxy")
 	fs.StringVar(&o.stateFile, "state-file", "", "file keeping the last-known-good endpoints for a cold boot (default: none)")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long connections to an endpoint that went down or was removed may stay open; 0 closes them at once")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", localproxy.DefaultShutdownTimeout, "on SIGTERM, how long open connections may go on after the listeners close; 0 closes them at once")
@@ -276,26 +276,35 @@ func (o *options) config() (localproxy.Config, error) {
 	} else if mode == transport.ProbeTCP {
 		prober = &transport.Prober{Mode: mode}
 	}
+
+	// Credentials, for discovery and probes: --kubeconfig, else the
+	// in-cluster service account if there is one.
+	base, credErr := credentials(o.kubeconfig)
+	if credErr != nil && o.kubeconfig != "" {
+		bad("kubeconfig", o.kubeconfig, credErr.Error())
+	}
+	if prober != nil && base != nil && mode != transport.ProbeTCP {
+		// Clusters with anonymous auth off answer /readyz with 401.
+		if p, err := prober.WithCredentials(base); err != nil {
+			bad("kubeconfig", o.kubeconfig, err.Error())
+		} else {
+			prober = p
+		}
+	}
 	if prober != nil {
 		cfg.Pool = upstream.Config{Prober: prober, Interval: o.healthInterval, Timeout: o.healthTimeout, Rise: o.rise, Fall: o.fall}
 	}
 
 	// Discovery and state.
 	if o.enableDiscovery {
-		base, err := discoveryBase(o.kubeconfig)
-		if err != nil {
-			if o.kubeconfig != "" {
-				bad("kubeconfig", o.kubeconfig, err.Error())
-			} else {
-				errs = append(errs, usagef("invalid %s=true: %v; set --kubeconfig", o.src("enable-discovery"), err))
-			}
-		} else if len(binds) > 0 && bindOK {
+		switch {
+		case base == nil && o.kubeconfig == "":
+			errs = append(errs, usagef("invalid %s=true: %v; set --kubeconfig", o.src("enable-discovery"), credErr))
+		case base != nil && len(binds) > 0 && bindOK:
 			// Discovery goes through this proxy, never the ClusterIP.
 			proxyAddr := net.JoinHostPort(loopbackOf(binds).String(), strconv.Itoa(o.bindPort))
 			cfg.Discovery = localproxy.DiscoveryConfig(base, proxyAddr, serverName)
 		}
-	} else if o.kubeconfig != "" {
-		bad("kubeconfig", o.kubeconfig, "only used with --enable-discovery")
 	}
 	cfg.StateFile = o.stateFile
 
@@ -361,10 +370,10 @@ func loadCA(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// discoveryBase returns the credentials and CA for discovery: from the
-// kubeconfig, or the in-cluster service account. Its host is replaced by
-// this proxy's address later.
-func discoveryBase(kubeconfig string) (*rest.Config, error) {
+// credentials returns the credentials (and CA) for discovery and probes:
+// from the kubeconfig, or the in-cluster service account. For discovery,
+// its host is replaced by this proxy's address.
+func credentials(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
 		if !fileExists(kubeconfig) {
 			return nil, errors.New("want an existing kubeconfig file")

@@ -25,6 +25,7 @@ import (
 
 	main "github.com/apifailover/apifailover/cmd/localproxy"
 	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport"
 )
 
 // files are inputs for the validation tests.
@@ -124,7 +125,7 @@ func TestValidation(t *testing.T) {
 		{"discovery without credentials", append(ok, "--enable-discovery"), nil, []string{"--enable-discovery=true", "--kubeconfig"}},
 		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"kubeconfig invalid", append(ok, "--enable-discovery", "--kubeconfig="+f.notPEM), nil, []string{"--kubeconfig", f.notPEM, "valid kubeconfig"}},
-		{"kubeconfig without discovery", append(ok, "--kubeconfig="+f.kubeconfig), nil, []string{"--kubeconfig", "--enable-discovery"}},
+		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
 		{"negative shutdown timeout", append(ok, "--shutdown-timeout=-5s"), nil, []string{"--shutdown-timeout=-5s"}},
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
@@ -201,6 +202,20 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "/var/lib/x/state.json", cfg.StateFile)
 		assert.Equal(t, localproxy.ProxyProtocolV2, cfg.ProxyProtocol)
 	})
+	t.Run("probes use the kubeconfig's credentials", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.kubeconfig}, env())
+		require.NoError(t, err)
+		assert.Nil(t, cfg.Discovery)
+		pr, ok := cfg.Pool.Prober.(*transport.Prober)
+		require.True(t, ok, "prober %T", cfg.Pool.Prober)
+		require.NotNil(t, pr.Authorization)
+		assert.Equal(t, "Bearer secret", pr.Authorization())
+	})
+	t.Run("probes are anonymous without credentials", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env())
+		require.NoError(t, err)
+		assert.Nil(t, cfg.Pool.Prober.(*transport.Prober).Authorization)
+	})
 	t.Run("in-cluster service account", func(t *testing.T) {
 		defer main.SetServiceAccount(f.kubeconfig, f.ca)() // any existing file will do as a token
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--enable-discovery"}, env())
@@ -208,6 +223,7 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
 		assert.Equal(t, f.ca, cfg.Discovery.TLSClientConfig.CAFile)
 		assert.Equal(t, "kubernetes.default.svc", cfg.Discovery.TLSClientConfig.ServerName)
+		assert.NotNil(t, cfg.Pool.Prober.(*transport.Prober).Authorization, "probes use the service account token")
 	})
 }
 

@@ -1,0 +1,75 @@
+package transport_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
+
+	"github.com/apifailover/apifailover/transport"
+)
+
+// A cluster with anonymous auth off answers /readyz with 401 to anonymous
+// probes; WithCredentials makes them authenticate as the rest.Config does,
+// by bearer token file or by client certificate.
+func TestProbeWithCredentials(t *testing.T) {
+	pki := newPKI(t)
+	cas := x509.NewCertPool()
+	cas.AddCert(pki.ca)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{pki.cert},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    cas,
+	})
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		byToken := r.Header.Get("Authorization") == "Bearer s3cret"
+		byCert := r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "probe-client"
+		if r.URL.Path != "/readyz" || !(byToken || byCert) {
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		w.Write([]byte("ok"))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	anon := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	err = anon.Probe(t.Context(), addr)
+	require.True(t, transport.IsReadyzError(err), "anonymous probe: %v", err)
+	assert.ErrorContains(t, err, "401")
+
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
+	byToken, err := anon.WithCredentials(&rest.Config{BearerTokenFile: tokenFile})
+	require.NoError(t, err)
+	assert.NoError(t, byToken.Probe(t.Context(), addr))
+
+	key, err := x509.MarshalECPrivateKey(pki.client.PrivateKey.(*ecdsa.PrivateKey))
+	require.NoError(t, err)
+	byCert, err := anon.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{
+		CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.client.Certificate[0]}),
+		KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key}),
+	}})
+	require.NoError(t, err)
+	assert.NoError(t, byCert.Probe(t.Context(), addr))
+
+	// The original is unchanged.
+	assert.Nil(t, anon.Authorization)
+	assert.Nil(t, anon.TLSConfig.GetClientCertificate)
+	assert.Empty(t, anon.TLSConfig.Certificates)
+
+	_, err = anon.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CertFile: filepath.Join(t.TempDir(), "missing.crt"), KeyFile: "x"}})
+	assert.Error(t, err)
+}
