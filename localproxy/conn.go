@@ -32,9 +32,11 @@ type conn struct {
 	once   sync.Once
 	halves atomic.Int32 // directions that ended with EOF
 	mu     sync.Mutex   // guards the fields below and the upstream fields
-	// deadline is the earliest close deadline set on both sides.
-	deadline time.Time
-	closed   bool
+	// closeAt is the earliest close deadline (half-open, shutdown);
+	// drainAt the drain deadline of its endpoint, which is lifted if the
+	// endpoint recovers. The earlier of the two is set on both sides.
+	closeAt, drainAt time.Time
+	closed           bool
 }
 
 // attach sets c's upstream. It returns false, closing tc, when c was closed
@@ -47,8 +49,8 @@ func (c *conn) attach(addr string, tc *transport.TrackedConn) bool {
 		return false
 	}
 	c.addr, c.up, c.upRaw = addr, tc, tc.NetConn()
-	if !c.deadline.IsZero() {
-		c.upRaw.SetDeadline(c.deadline)
+	if d := c.deadlineLocked(); !d.IsZero() {
+		c.upRaw.SetDeadline(d)
 	}
 	c.mu.Unlock()
 	return true
@@ -157,14 +159,47 @@ func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<
 func (c *conn) closeBy(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.deadline.IsZero() && !t.Before(c.deadline) {
+	c.closeAt = earliest(c.closeAt, t)
+	c.applyDeadlineLocked()
+}
+
+// drain is closeBy for the drain of c's endpoint: undrain lifts it.
+func (c *conn) drain(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drainAt = earliest(c.drainAt, t)
+	c.applyDeadlineLocked()
+}
+
+// undrain lifts the drain deadline: the endpoint is healthy again.
+func (c *conn) undrain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.drainAt.IsZero() {
 		return
 	}
-	c.deadline = t
-	c.client.SetDeadline(t)
+	c.drainAt = time.Time{}
+	c.applyDeadlineLocked()
+}
+
+func (c *conn) deadlineLocked() time.Time { return earliest(c.closeAt, c.drainAt) }
+
+// applyDeadlineLocked sets the deadline on both sides; the zero time
+// clears it.
+func (c *conn) applyDeadlineLocked() {
+	d := c.deadlineLocked()
+	c.client.SetDeadline(d)
 	if c.upRaw != nil {
-		c.upRaw.SetDeadline(t)
+		c.upRaw.SetDeadline(d)
 	}
+}
+
+// earliest returns the earlier of two deadlines, zero meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }
 
 // close closes both sides. The upstream is closed through the

@@ -57,9 +57,9 @@ type Proxy struct {
 	// ever dropped.
 	seq    uint64
 	downAt map[string]uint64
-	// closeBy is the drain deadline of endpoints whose connections were
+	// drainBy is the drain deadline of endpoints whose connections were
 	// drained when they went down or were removed, while any remain.
-	closeBy map[string]time.Time
+	drainBy map[string]time.Time
 }
 
 // New validates cfg and returns a proxy. It opens no sockets and starts no
@@ -76,7 +76,7 @@ func New(cfg Config) (*Proxy, error) {
 		conns:      make(map[*conn]struct{}),
 		byUpstream: make(map[string]map[*conn]struct{}),
 		downAt:     make(map[string]uint64),
-		closeBy:    make(map[string]time.Time),
+		drainBy:    make(map[string]time.Time),
 	}
 	poolCfg := cfg.Pool
 	if poolCfg.Prober != nil {
@@ -358,7 +358,7 @@ func (p *Proxy) forget(c *conn) {
 		delete(m, c)
 		if len(m) == 0 {
 			delete(p.byUpstream, c.addr)
-			delete(p.closeBy, c.addr)
+			delete(p.drainBy, c.addr)
 		}
 	}
 	p.mu.Unlock()
@@ -367,9 +367,14 @@ func (p *Proxy) forget(c *conn) {
 }
 
 // onEvent closes, or drains, the connections of an endpoint that went down
-// or was removed, and ends the dial holdoff when one comes up or is added.
+// or was removed, lifts the drain of an endpoint that recovers, and ends
+// the dial holdoff when one comes up or is added.
 func (p *Proxy) onEvent(ev upstream.Event) {
 	p.hold.OnEvent(ev)
+	if ev.Kind == upstream.EventUp {
+		p.undrain(ev.Addr)
+		return
+	}
 	if ev.Kind != upstream.EventDown && ev.Kind != upstream.EventRemoved {
 		return
 	}
@@ -399,17 +404,40 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 		deadline := time.Now().Add(d)
 		p.mu.Lock()
 		if len(p.byUpstream[ev.Addr]) > 0 {
-			p.closeBy[ev.Addr] = deadline
+			p.drainBy[ev.Addr] = deadline
 		}
 		p.mu.Unlock()
 		for _, c := range cs {
-			c.closeBy(deadline)
+			c.drain(deadline)
 		}
 		return
 	}
 	p.log.Info("closing connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", len(cs))
 	for _, c := range cs {
 		c.close()
+	}
+}
+
+// undrain keeps the connections to addr, healthy again, open: an
+// endpoint that failed /readyz for a moment (an etcd hiccup fails every
+// server's /readyz at once) must not cost every client its connections.
+func (p *Proxy) undrain(addr string) {
+	p.mu.Lock()
+	_, draining := p.drainBy[addr]
+	delete(p.drainBy, addr)
+	var cs []*conn
+	if draining {
+		for c := range p.byUpstream[addr] {
+			cs = append(cs, c)
+		}
+	}
+	p.mu.Unlock()
+	if len(cs) == 0 {
+		return
+	}
+	p.log.Info("endpoint healthy again; keeping its connections", "endpoint", addr, "conns", len(cs))
+	for _, c := range cs {
+		c.undrain()
 	}
 }
 
@@ -421,7 +449,7 @@ func (p *Proxy) removedUpstreams(inPool map[string]bool) []RemovedUpstream {
 	var out []RemovedUpstream
 	for addr, cs := range p.byUpstream {
 		if !inPool[addr] {
-			out = append(out, RemovedUpstream{Addr: addr, Conns: len(cs), CloseBy: p.closeBy[addr]})
+			out = append(out, RemovedUpstream{Addr: addr, Conns: len(cs), CloseBy: p.drainBy[addr]})
 		}
 	}
 	slices.SortFunc(out, func(a, b RemovedUpstream) int { return strings.Compare(a.Addr, b.Addr) })

@@ -348,6 +348,34 @@ func TestDownUpstreamDrainsThenCloses(t *testing.T) {
 	}
 }
 
+// A connection drained because its endpoint went down stays open if the
+// endpoint recovers before the drain deadline.
+func TestDrainLiftedWhenEndpointRecovers(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	pr := newProber()
+	const drain = 300 * time.Millisecond
+	r := start(t, localproxy.Config{
+		Endpoints:    []string{a.addr(), b.addr()},
+		Pool:         upstream.Config{Prober: pr, Interval: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, Fall: 1, Rise: 1},
+		DrainTimeout: drain,
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	first := r.Pool().Candidates()[0]
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "hello"))
+
+	pr.set(first, errors.New("readyz: 500"))
+	require.Eventually(t, func() bool { return !r.Pool().Usable(first) }, 10*time.Second, time.Millisecond)
+	downAt := time.Now()
+	pr.set(first, nil)
+	require.Eventually(t, func() bool { return r.Pool().Usable(first) }, 10*time.Second, time.Millisecond)
+	require.Less(t, time.Since(downAt), drain, "recovered after the drain deadline: nothing is tested")
+
+	time.Sleep(2 * drain)
+	require.NoError(t, roundTrip(c, "still open after the drain deadline"))
+	assert.False(t, closedByPeer(c))
+}
+
 func TestDialFailureGoesToNextEndpoint(t *testing.T) {
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -45,7 +45,10 @@ type connPool struct {
 	mu      sync.Mutex // guards the fields below
 	conns   map[string][]*clientConn
 	dialing map[string]*dialCall // in-flight dials by first candidate
-	closed  bool
+	// drains are the timers that close an endpoint's drained connections
+	// that are still busy, stopped if the endpoint recovers first.
+	drains map[string][]*time.Timer
+	closed bool
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
 	hold Holdoff
@@ -90,6 +93,7 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Tr
 		m:       m,
 		conns:   make(map[string][]*clientConn),
 		dialing: make(map[string]*dialCall),
+		drains:  make(map[string][]*time.Timer),
 	}
 	t.DialTLSContext = p.dialTLS
 	return p
@@ -373,23 +377,49 @@ func Graceful(ev upstream.Event) bool {
 // gracefulDrain bounds how long requests may go on on the connections to an
 // endpoint that fails /readyz but still answers (a graceful shutdown: the
 // server finishes them and closes the connections itself).
-const gracefulDrain = 10 * time.Second
+var gracefulDrain = 10 * time.Second
 
 // drainEndpoint retires the connections to addr and closes those still busy
 // after gracefulDrain.
 func (p *connPool) drainEndpoint(addr string) int {
 	busy := p.retire(func(a string) bool { return a == addr })
 	if len(busy) > 0 {
-		time.AfterFunc(gracefulDrain, func() {
+		var t *time.Timer
+		p.mu.Lock()
+		t = time.AfterFunc(gracefulDrain, func() {
 			p.mu.Lock()
+			p.drains[addr] = slices.DeleteFunc(p.drains[addr], func(x *time.Timer) bool { return x == t })
+			if len(p.drains[addr]) == 0 {
+				delete(p.drains, addr)
+			}
 			for _, c := range busy {
 				c.closedByPool = true
 			}
 			p.mu.Unlock()
 			closeAll(busy)
 		})
+		p.drains[addr] = append(p.drains[addr], t)
+		p.mu.Unlock()
 	}
 	return len(busy)
+}
+
+// undrain lets the busy connections of a drained endpoint that is healthy
+// again finish in their own time: they still take no new requests, but a
+// watch on them is not cut. An etcd hiccup fails every server's /readyz at
+// once; it must not cost every client its watches.
+func (p *connPool) undrain(addr string) {
+	p.mu.Lock()
+	ts := p.drains[addr]
+	delete(p.drains, addr)
+	p.mu.Unlock()
+	stopped := false
+	for _, t := range ts {
+		stopped = t.Stop() || stopped
+	}
+	if stopped {
+		p.log.Info("endpoint healthy again; its retired connections may finish", "endpoint", addr)
+	}
 }
 
 // onEvent reacts to pool changes.
@@ -418,6 +448,9 @@ func (p *connPool) onEvent(ev upstream.Event) {
 		}
 	case upstream.EventUp, upstream.EventAdded:
 		p.hold.OnEvent(ev)
+		if ev.Kind == upstream.EventUp {
+			p.undrain(ev.Addr)
+		}
 	}
 }
 

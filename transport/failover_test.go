@@ -1,9 +1,11 @@
 package transport_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -271,6 +273,75 @@ func TestNotReadyEndpointDrains(t *testing.T) {
 	assert.Equal(t, "created", r.body)
 	require.Eventually(t, func() bool { return f.OpenConns()[victim.addr] == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the drained connection closes once idle")
+}
+
+// A stream (a watch) on a connection drained because its server failed
+// /readyz is cut at the drain deadline, unless the server is healthy again
+// by then: a moment of failing /readyz on every server (an etcd hiccup) must
+// not cost every client its watches.
+func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
+	const drain = 500 * time.Millisecond
+	defer transport.SetGracefulDrain(drain)()
+	for _, recovers := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recovers=%v", recovers), func(t *testing.T) {
+			c := newCluster(t, 2)
+			f := wrap(t, c, transport.Options{ProbeInterval: 20 * time.Millisecond, Rise: 1, Fall: 1})
+			victim := serving(t, c, f)
+			release := make(chan struct{})
+			victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+				tick := time.NewTicker(20 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-release:
+						io.WriteString(w, "end\n")
+						return
+					case <-r.Context().Done():
+						return
+					case <-tick.C:
+						io.WriteString(w, "event\n")
+						w.(http.Flusher).Flush()
+					}
+				}
+			})
+			resp, err := f.HTTPClient().Get("https://" + f.Origin() + "/api/v1/configmaps?watch=1")
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			lines := make(chan string, 1000)
+			done := make(chan error, 1)
+			go func() {
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+				done <- sc.Err()
+			}()
+			<-lines
+
+			victim.notReady.Store(true)
+			require.Eventually(t, func() bool { return !f.Pool().Usable(victim.addr) }, 5*time.Second, 5*time.Millisecond)
+			drainedAt := time.Now()
+			if recovers {
+				victim.notReady.Store(false)
+				require.Eventually(t, func() bool { return f.Pool().Usable(victim.addr) }, 5*time.Second, 5*time.Millisecond)
+				require.Less(t, time.Since(drainedAt), drain, "recovered after the drain deadline: nothing is tested")
+			}
+			select {
+			case err := <-done:
+				if recovers {
+					t.Fatalf("the stream was cut although its server recovered: %v", err)
+				}
+				require.Error(t, err, "the stream must be cut, not end cleanly")
+				assert.GreaterOrEqual(t, time.Since(drainedAt), drain-100*time.Millisecond, "cut before the drain deadline")
+			case <-time.After(4 * drain):
+				if !recovers {
+					t.Fatal("the stream on the drained connection was not cut at the deadline")
+				}
+				close(release)
+				require.NoError(t, <-done, "the stream ends as the server ends it")
+			}
+		})
+	}
 }
 
 func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {

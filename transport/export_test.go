@@ -1,0 +1,11 @@
+package transport
+
+import "time"
+
+// SetGracefulDrain shortens how long drained connections may stay busy, for
+// tests that do not run in parallel; it returns a function restoring it.
+func SetGracefulDrain(d time.Duration) (restore func()) {
+	old := gracefulDrain
+	gracefulDrain = d
+	return func() { gracefulDrain = old }
+}
