@@ -133,11 +133,11 @@ func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {
 		}
 	}
 	if err := req.Write(conn); err != nil {
-		return fmt.Errorf("GET /readyz: %w", err)
+		return readyzFailed(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
 	if err != nil {
-		return fmt.Errorf("GET /readyz: %w", err)
+		return readyzFailed(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeResponse))
@@ -147,13 +147,34 @@ func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {
 	return nil
 }
 
-// ReadyzError is a /readyz answer other than 200.
+// readyzFailed is the error of a /readyz request that got no answer over
+// a completed TLS handshake.
+func readyzFailed(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+		return &ReadyzError{TimedOut: true, Body: err.Error()}
+	}
+	return fmt.Errorf("GET /readyz: %w", err)
+}
+
+// ReadyzError is a /readyz answer other than 200, or none in time from a
+// server that completed the TLS handshake (TimedOut). Either way the
+// server process runs and answers: kube-apiserver's /readyz waits for
+// etcd (up to --etcd-readycheck-timeout, 2 s), so when etcd stalls every
+// apiserver answers late at once, while it still serves watches from its
+// cache. Such an endpoint's connections are drained, not cut (Graceful).
+// A server that does not even complete the handshake (stopped, blackholed)
+// fails with a plain timeout instead.
 type ReadyzError struct {
-	Status int
-	Body   string
+	Status   int
+	Body     string
+	TimedOut bool
 }
 
 func (e *ReadyzError) Error() string {
+	if e.TimedOut {
+		return "GET /readyz: no answer in time after the TLS handshake (up but not ready, e.g. waiting for etcd): " + e.Body
+	}
 	if e.Body == "" {
 		return fmt.Sprintf("GET /readyz: %d %s", e.Status, http.StatusText(e.Status))
 	}

@@ -1,20 +1,24 @@
 package transport_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // A cluster with anonymous auth off answers /readyz with 401 to anonymous
@@ -72,4 +76,44 @@ func TestProbeWithCredentials(t *testing.T) {
 
 	_, err = anon.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CertFile: filepath.Join(t.TempDir(), "missing.crt"), KeyFile: "x"}})
 	assert.Error(t, err)
+}
+
+// A server that completes the TLS handshake but does not answer /readyz in
+// time (kube-apiserver waiting for a stalled etcd) fails with a
+// ReadyzError, so its connections are drained, not cut; one that does not
+// even complete the handshake (stopped) fails with a plain timeout.
+func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
+	pki := newPKI(t)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	pr := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pki.cert}})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release })}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		close(release)
+		srv.Close()
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	err = pr.Probe(ctx, ln.Addr().String())
+	require.True(t, transport.IsReadyzError(err), "slow /readyz: %v", err)
+	var re *transport.ReadyzError
+	require.ErrorAs(t, err, &re)
+	assert.True(t, re.TimedOut)
+	assert.ErrorContains(t, err, "not ready")
+	assert.True(t, transport.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: ln.Addr().String(), Err: err}))
+
+	stopped, err := net.Listen("tcp", "127.0.0.1:0") // accepts (backlog), never handshakes
+	require.NoError(t, err)
+	defer stopped.Close()
+	ctx, cancel = context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	err = pr.Probe(ctx, stopped.Addr().String())
+	require.Error(t, err)
+	assert.False(t, transport.IsReadyzError(err), "no TLS handshake: %v", err)
+	assert.False(t, transport.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: stopped.Addr().String(), Err: err}))
 }

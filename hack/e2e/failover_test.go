@@ -26,6 +26,7 @@ var scenarios = []scenario{
 	{"S5-generatename", "SIGKILL then blackhole the serving apiserver under generateName creates", s5GenerateName},
 	{"S6-all-down", "SIGKILL every apiserver, then restart one", s6AllDown},
 	{"S7-churn", "AddAPIServer, move traffic to it, RemoveAPIServer", s7Churn},
+	{"S8-etcd-pause", "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", s8EtcdPause},
 }
 
 // TestFailover runs every scenario on every path against one test bed,

@@ -299,7 +299,7 @@ func (e *env) logTimeline(r workload.Results, t0 time.Time) {
 // heal undoes every fault and restarts stopped apiservers, so the next
 // scenario starts with all of them healthy and listed.
 func heal(ctx context.Context, bed *testbed.Bed) error {
-	var errs []error
+	errs := []error{bed.ResumeEtcd()}
 	for _, s := range bed.APIServers() {
 		errs = append(errs, s.Resume(), s.Restore())
 	}

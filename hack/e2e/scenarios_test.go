@@ -481,6 +481,67 @@ func s7Churn(e *env) {
 	}
 }
 
+// etcdPause is how long S8 keeps etcd stopped: longer than it takes the
+// client to mark every apiserver down (fall 2 x 1 s probes), shorter than
+// the 10 s drain of connections to servers that fail /readyz.
+const etcdPause = 5 * time.Second
+
+// S8: etcd stops for etcdPause. Every apiserver fails /readyz at once, or
+// answers it late, yet stays up and serves watches from its cache; there is
+// nowhere better to go. The client may mark them all down, but must not
+// cut its connections: no watch restarted, no relist, no request failed
+// (they wait for etcd), nothing lost.
+func s8EtcdPause(e *env) {
+	w := e.startLoad(workload.Config{})
+	e.waitSteady(w)
+	t0 := e.inject("SIGSTOP etcd", e.bed.PauseEtcd)
+	down := 0
+	e.waitFor("etcd paused", etcdPause, func() bool {
+		n := 0
+		for _, st := range e.c.Endpoints() {
+			if st != "healthy" {
+				n++
+			}
+		}
+		down = max(down, n)
+		return false
+	})
+	t1 := e.inject("SIGCONT etcd", e.bed.ResumeEtcd)
+	e.figure("apiservers_marked_down", float64(down), "")
+	e.waitResumed(w, t1)
+	err := e.waitFor("every apiserver healthy again", observeLimit, func() bool {
+		for _, st := range e.c.Endpoints() {
+			if st != "healthy" {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		e.t.Error(err)
+	}
+	// Past the drain deadline of connections drained during the pause.
+	e.sleep(time.Until(t0.Add(12 * time.Second)))
+	r := e.stopLoad(w)
+	e.logTimeline(r, t0)
+	watches := 0
+	for _, ev := range r.Timeline {
+		if ev.Kind == workload.KindWatch && ev.Time.After(t0) {
+			watches++
+		}
+	}
+	e.figure("watches_restarted", float64(watches), "")
+	if watches > 0 {
+		e.t.Errorf("the informer's watch was restarted %d times while etcd paused, want 0: its connection was cut", watches)
+	}
+	if n := r.ListsSince(t0); n > 0 {
+		e.t.Errorf("the informer relisted %d times while etcd paused, want 0", n)
+	}
+	if n := len(failedSince(r, t0)); n > 0 {
+		e.t.Errorf("%d requests failed while etcd paused, want 0 (they wait for etcd)", n)
+	}
+}
+
 // clientConns is the client's connection count, 0 if it does not say.
 func (e *env) clientConns() int {
 	if e.c.ClientConns == nil {

@@ -76,9 +76,10 @@ type Bed struct {
 	addrs     *loAddrs
 	exempt    bool // apiservers run as APIServerGID; their own connections escape faults
 
-	mu      sync.Mutex // guards members, next
-	members []*APIServer
-	next    int // index of the next apiserver to add
+	mu         sync.Mutex // guards members, next, etcdPaused
+	etcdPaused bool
+	members    []*APIServer
+	next       int // index of the next apiserver to add
 
 	lock *os.File // machine-wide: one bed at a time (see acquireLock)
 

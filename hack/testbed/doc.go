@@ -43,6 +43,11 @@
 //     blocks ~30 s per round, the lease lapses and the address flaps out of
 //     and into the slice. The bed spares the apiservers' own connections
 //     (see APIServerGID) so a blackholed server stays listed, as in reality.
+//   - SIGSTOP of etcd (PauseEtcd): every apiserver keeps its listener and
+//     serves watches from its cache, completes TLS handshakes, but its
+//     /readyz waits for etcd (--etcd-readycheck-timeout, 2 s): a 500 ms
+//     probe times out on all of them at once. Quorum reads and writes wait
+//     and succeed after SIGCONT.
 //   - /readyz, /livez, /healthz and /version are readable anonymously
 //     (system:public-info-viewer).
 //   - The Node authorizer gives a node (system:node:<name> in system:nodes)
