@@ -7,6 +7,15 @@
 #   openssl      handy for inspecting the generated certificates
 #   util-linux   `unshare` for the private network namespace, `flock`
 #
+# With --bench it also installs the peers of the benchmark in hack/bench,
+# the localhost load balancers kubespray puts on worker nodes:
+#
+#   haproxy              HAProxy (Debian 12: 2.6)
+#   nginx                nginx (Debian 12: 1.22)
+#   libnginx-mod-stream  nginx's stream (TCP proxy) module, a dynamic module
+#
+# Their packaged services are blocked from starting like etcd's.
+#
 # Idempotent: does nothing when every command is present. Installing needs
 # root; as another user it names the missing packages and fails. The Debian
 # etcd service is never left running: service starts are blocked during the
@@ -14,6 +23,14 @@
 set -euo pipefail
 
 log() { echo "ensure-deps: $*" >&2; }
+
+bench=0
+for arg in "$@"; do
+  case "${arg}" in
+    --bench) bench=1 ;;
+    *) log "unknown argument ${arg} (allowed: --bench)"; exit 2 ;;
+  esac
+done
 
 # command -> package
 declare -A want=(
@@ -24,6 +41,10 @@ declare -A want=(
   [unshare]=util-linux
   [flock]=util-linux
 )
+if [[ ${bench} -eq 1 ]]; then
+  want[haproxy]=haproxy
+  want[nginx]=nginx
+fi
 
 export PATH="${PATH}:/usr/sbin:/sbin"
 missing=()
@@ -32,8 +53,21 @@ for cmd in "${!want[@]}"; do
     missing+=("${want[${cmd}]}")
   fi
 done
+# The stream module is no command: look for the module file.
+if [[ ${bench} -eq 1 ]] && ! compgen -G '/usr/lib/nginx/modules/ngx_stream_module.so' >/dev/null; then
+  missing+=(libnginx-mod-stream)
+fi
+versions() {
+  local v
+  v="etcd $(etcd --version 2>/dev/null | awk '/etcd Version/ {print $3}')"
+  if [[ ${bench} -eq 1 ]]; then
+    v+=", $(haproxy -v 2>/dev/null | head -n1 | awk '{print $1, $3}')"
+    v+=", $(nginx -v 2>&1 | sed 's/^nginx version: //')"
+  fi
+  echo "${v}"
+}
 if [[ ${#missing[@]} -eq 0 ]]; then
-  log "all prerequisites present (etcd $(etcd --version 2>/dev/null | awk '/etcd Version/ {print $3}'))"
+  log "all prerequisites present ($(versions))"
   exit 0
 fi
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
@@ -85,4 +119,18 @@ if pids="$(pgrep -x etcd -u etcd 2>/dev/null)"; then
   # shellcheck disable=SC2086
   kill ${pids} 2>/dev/null || true
 fi
-log "done (etcd $(etcd --version 2>/dev/null | awk '/etcd Version/ {print $3}'))"
+# The same for the benchmark peers: the benchmark runs its own instances.
+if [[ ${bench} -eq 1 ]]; then
+  for svc in haproxy nginx; do
+    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+      systemctl stop "${svc}.service" >/dev/null 2>&1 || true
+      systemctl disable "${svc}.service" >/dev/null 2>&1 || true
+    elif command -v service >/dev/null 2>&1; then
+      service "${svc}" stop >/dev/null 2>&1 || true
+    fi
+    if command -v update-rc.d >/dev/null 2>&1; then
+      update-rc.d "${svc}" disable >/dev/null 2>&1 || true
+    fi
+  done
+fi
+log "done ($(versions))"
