@@ -1,7 +1,9 @@
 package main_test
 
 import (
+	"debug/elf"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -159,4 +161,48 @@ func TestSystemdUnitAndContainerfile(t *testing.T) {
 	for _, want := range []string{"CGO_ENABLED=0", "FROM scratch", "USER 65534:65534", "./cmd/localproxy", `ENTRYPOINT ["/localproxy"]`} {
 		assert.Contains(t, string(cf), want)
 	}
+}
+
+// The Containerfile's build command makes a static binary (it must run on
+// scratch), and systemd accepts the unit, every directive known, with
+// ExecStart pointing at that binary. No container engine runs here, so the
+// image itself is not built; its build step is.
+func TestContainerfileBuildAndSystemdUnitVerify(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	cf, err := os.ReadFile(filepath.Join("deploy", "Containerfile"))
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^RUN (CGO_ENABLED=0 go build .*) -o /out/localproxy (\./cmd/localproxy)$`).FindStringSubmatch(string(cf))
+	require.NotNil(t, m, "the Containerfile's build step changed; update this test")
+	bin := filepath.Join(t.TempDir(), "localproxy")
+	// The step as the Containerfile runs it, in a shell, with its build arg.
+	build := exec.Command("sh", "-c", m[1]+" -o "+bin+" "+m[2])
+	build.Dir = filepath.Join("..", "..")
+	build.Env = append(os.Environ(), "VERSION=containerfile-test")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	f, err := elf.Open(bin)
+	require.NoError(t, err)
+	for _, p := range f.Progs {
+		assert.NotEqual(t, elf.PT_INTERP, p.Type, "the binary needs a dynamic loader; scratch has none")
+		assert.NotEqual(t, elf.PT_DYNAMIC, p.Type, "the binary is dynamically linked")
+	}
+	f.Close()
+	out, err = exec.Command(bin, "--version").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "containerfile-test")
+
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed: the unit is not verified")
+	}
+	unit, err := os.ReadFile(filepath.Join("deploy", "localproxy.service"))
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "apifailover-localproxy.service")
+	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/localproxy", bin)), 0o644))
+	out, err = exec.Command(analyze, "verify", path).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Empty(t, strings.TrimSpace(string(out)), "systemd-analyze verify warns")
 }
