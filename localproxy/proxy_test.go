@@ -299,7 +299,7 @@ func TestRemovedUpstreamDrainsAndIsListed(t *testing.T) {
 	require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, 5*time.Millisecond)
 	assert.GreaterOrEqual(t, time.Since(removedAt), drain)
 	require.Eventually(t, func() bool { return len(r.Status().Removed) == 0 }, 10*time.Second, 5*time.Millisecond)
-	assert.Equal(t, int64(0), a.open.Load())
+	require.Eventually(t, func() bool { return a.open.Load() == 0 }, 10*time.Second, 5*time.Millisecond, "the upstream side is closed too")
 }
 
 func TestDownUpstreamDrainsThenCloses(t *testing.T) {
