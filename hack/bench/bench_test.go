@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/hack/workload"
+)
+
+func TestParseProcNetTCP(t *testing.T) {
+	// Two lines of a little-endian machine's /proc/net/tcp.
+	text := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1D15 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:C350 0100FA0A:192B 01 00000000:00000000 02:000AF4B1 00000000     0        0 67890 2 0000000000000000 20 4 30 10 -1
+`
+	got, err := parseProcNetTCP(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []sockConn{
+		{Local: netip.MustParseAddrPort("127.0.0.1:7445"), Remote: netip.MustParseAddrPort("0.0.0.0:0"), State: 0x0A, Inode: 12345},
+		{Local: netip.MustParseAddrPort("127.0.0.1:50000"), Remote: netip.MustParseAddrPort("10.250.0.1:6443"), State: tcpEstablished, Inode: 67890},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d sockets, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("socket %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if !got[1].open() || got[0].open() {
+		t.Errorf("open(): established %v, listening %v", got[1].open(), got[0].open())
+	}
+}
+
+// TestTCPConnsOfSelf finds a connection this process opened.
+func TestTCPConnsOfSelf(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if s := <-accepted; s != nil {
+		defer s.Close()
+	}
+	conns, err := tcpConnsOf([]int{os.Getpid()})
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	w := newConnWatcher(func() []int { return []int{os.Getpid()} }, []string{ln.Addr().String()})
+	found := false
+	for _, sc := range conns {
+		if sc.Remote.String() == ln.Addr().String() && sc.open() {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("connection to %s not among this process's sockets %+v", ln.Addr(), conns)
+	}
+	if n := w.connsTo(ln.Addr().String()); n != 1 {
+		t.Errorf("connsTo = %d, want 1", n)
+	}
+	if s := w.serving(); s != "" {
+		t.Errorf("serving = %q for a connection younger than %s, want none", s, watcherMinAge)
+	}
+}
+
+func TestPeerConfigs(t *testing.T) {
+	names := []string{"apiserver-1", "apiserver-2", "apiserver-3"}
+	servers := []string{"10.250.0.1:6443", "10.250.0.2:6443", "10.250.0.3:6443"}
+	dir := t.TempDir()
+
+	h := haproxyConfig(haproxyListen, names, servers, filepath.Join(dir, "haproxy.sock"))
+	for _, want := range []string{
+		"bind 127.0.0.1:6443", "balance leastconn", "option httpchk GET /healthz",
+		"default-server inter 15s downinter 15s rise 2 fall 2 slowstart 60s maxconn 1000 maxqueue 256 weight 100",
+		"server apiserver-2 10.250.0.2:6443 check check-ssl verify none",
+		"timeout connect 30s", "timeout client 5m", "timeout server 15m", "timeout check 30s", "retries 5", "option redispatch",
+	} {
+		if !strings.Contains(h, want) {
+			t.Errorf("haproxy config lacks %q:\n%s", want, h)
+		}
+	}
+	n := nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), true)
+	for _, want := range []string{
+		"listen        127.0.0.1:6444;", "least_conn;", "server 10.250.0.3:6443;",
+		"proxy_timeout 10m;", "proxy_connect_timeout 1s;", "worker_processes 2;", "load_module " + nginxStreamModulePath + ";",
+	} {
+		if !strings.Contains(n, want) {
+			t.Errorf("nginx config lacks %q:\n%s", want, n)
+		}
+	}
+
+	// The real programs accept them, where installed.
+	if _, err := exec.LookPath("haproxy"); err == nil {
+		cfg := filepath.Join(dir, "haproxy.cfg")
+		if err := os.WriteFile(cfg, []byte(h), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("haproxy", "-c", "-f", cfg).CombinedOutput(); err != nil {
+			t.Errorf("haproxy -c: %v\n%s", err, out)
+		}
+	}
+	if _, err := exec.LookPath("nginx"); err == nil && os.Geteuid() == 0 {
+		_, serr := os.Stat(nginxStreamModulePath)
+		cfg := filepath.Join(dir, "nginx.conf")
+		if err := os.WriteFile(cfg, []byte(nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), serr == nil)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("nginx", "-t", "-p", dir, "-c", cfg, "-e", "stderr").CombinedOutput(); err != nil {
+			t.Errorf("nginx -t: %v\n%s", err, out)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	for _, tc := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 50 * time.Millisecond}, {0.99, 99 * time.Millisecond}, {1, 100 * time.Millisecond}, {0.001, time.Millisecond}} {
+		if got := percentile(d, tc.q); got != tc.want {
+			t.Errorf("percentile(%v) = %v, want %v", tc.q, got, tc.want)
+		}
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("percentile of nothing = %v, want 0", got)
+	}
+}
+
+func TestFillRatios(t *testing.T) {
+	rows := []OverheadRow{
+		{Op: opGetSeq, Path: pathDirect, P50ms: 2, P99ms: 4, PerSec: 500},
+		{Op: opGetSeq, Path: pathHAProxy, P50ms: 3, P99ms: 8, PerSec: 250},
+		{Op: opList, Path: pathHAProxy, P50ms: 3}, // no direct row: no ratio
+	}
+	fillRatios(rows)
+	if r := rows[0]; r.P50Ratio != 1 || r.PerSecRatio != 1 {
+		t.Errorf("direct ratios %+v, want 1", r)
+	}
+	if r := rows[1]; r.P50Ratio != 1.5 || r.P99Ratio != 2 || r.PerSecRatio != 0.5 {
+		t.Errorf("haproxy ratios %+v, want 1.5, 2, 0.5", r)
+	}
+	if r := rows[2]; r.P50Ratio != 0 {
+		t.Errorf("ratio without a baseline = %v, want 0", r.P50Ratio)
+	}
+}
+
+func TestFirstGetElsewhere(t *testing.T) {
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	servers := map[string]*testbed.APIServer{"10.250.0.1:6443": {}, "10.250.0.2:6443": {}}
+	victim := "10.250.0.1:6443"
+	fail := errors.New("timeout")
+	for _, tc := range []struct {
+		name     string
+		gets     []workload.Request
+		graceful bool
+		want     time.Duration // 0: none
+	}{
+		{"endpoint known", []workload.Request{
+			{Start: at(-time.Second), End: at(time.Millisecond), Endpoint: "10.250.0.2:6443"}, // sent before the fault
+			{Start: at(0), End: at(10 * time.Millisecond), Endpoint: victim},
+			{Start: at(0), End: at(20 * time.Millisecond), Endpoint: "10.250.0.2:6443", Err: fail},
+			{Start: at(0), End: at(30 * time.Millisecond), Endpoint: "10.250.0.2:6443"},
+		}, false, 30 * time.Millisecond},
+		{"proxy, victim cannot answer", []workload.Request{
+			{Start: at(0), End: at(40 * time.Millisecond), Endpoint: "127.0.0.1:6443", Serving: victim},
+		}, false, 40 * time.Millisecond},
+		{"proxy, graceful: the serving apiserver decides", []workload.Request{
+			{Start: at(0), End: at(10 * time.Millisecond), Endpoint: "127.0.0.1:6443", Serving: victim},
+			{Start: at(0), End: at(50 * time.Millisecond), Endpoint: "127.0.0.1:6443", Serving: "10.250.0.2:6443"},
+		}, true, 50 * time.Millisecond},
+		{"direct never", []workload.Request{
+			{Start: at(0), End: at(10 * time.Millisecond), Endpoint: victim},
+		}, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := firstGetElsewhere(workload.Results{Gets: tc.gets}, t0, victim, tc.graceful, servers)
+			switch {
+			case tc.want == 0 && ok:
+				t.Errorf("got %v, want none", got.Sub(t0))
+			case tc.want != 0 && (!ok || got.Sub(t0) != tc.want):
+				t.Errorf("got %v (%v), want %v", got.Sub(t0), ok, tc.want)
+			}
+		})
+	}
+}
+
+func TestMarkdown(t *testing.T) {
+	down := 0.5
+	r := &Results{Date: "2026-01-02 03:04 UTC", Machine: "2 cores", Versions: map[string]string{"haproxy": "2.6"}}
+	r.Overhead.Config = overheadConfig{Rounds: 1, GetSeq: 10, GetConc: 10, Concurrency: 2, Lists: 1, ListObjects: 1, ListBytes: 1, NewConn: 1}
+	r.Overhead.Rows = []OverheadRow{{Op: opGetSeq, Path: pathHAProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 30}}
+	r.Failover.Rows = []FailoverRow{
+		{Fault: "kill", Path: pathHAProxy, HasHealth: true, Observed: 11, Window: 90, MarkedDown: &down},
+		{Fault: "kill", Path: pathNginx, Observed: 11, Window: 90},
+		{Fault: "hang", Path: pathLocalProxy, Error: "localproxy exited | badly"},
+	}
+	md := r.markdown()
+	for _, want := range []string{
+		"| get-seq | haproxy | 1.50ms | 1.25× |", "30µs",
+		"| kill | haproxy | 0.50s | none in 11s |",
+		"| kill | nginx | n/a | none in 11s |",
+		"error: localproxy exited / badly",
+		"haproxy 2.6",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -1,0 +1,166 @@
+// Command bench compares apifailover's client paths with the load
+// balancers clusters put in front of kube-apiserver today, on a real
+// control plane (hack/testbed: etcd and three kube-apiservers in a private
+// network namespace), in one run:
+//
+//   - direct: client-go straight to one apiserver, the baseline;
+//   - transport: client-go with transport.Wrap, in process;
+//   - localproxy: client-go through the localproxy binary;
+//   - haproxy, nginx: client-go through HAProxy and nginx configured as
+//     kubespray configures its node-local apiserver load balancer (see
+//     peers.go).
+//
+// Overhead: GETs (sequential, concurrent, on new connections) and LISTs
+// through every path, interleaved in rounds, reported as p50/p99 latency
+// and throughput with ratios against the direct path of the same run.
+//
+// Failover: for each fault (SIGKILL, SIGSTOP, blackhole, graceful SIGTERM)
+// and path, a fresh path instance carries hack/workload's client (informer,
+// creates, GETs); the fault hits the apiserver carrying its traffic; the
+// run records when the path marked it down, the first GET answered
+// elsewhere, failed requests, whether the informer relisted or missed
+// events, and the connections still open to the faulted server after 10s.
+// The apiserver is restored between runs.
+//
+// No timing is pass or fail: the command fails only when it could not
+// measure (a proxy did not start, the bed did not come up). Results go to
+// _output/bench/results.json and results.md. Run it with `make bench` or
+// `go run ./hack/bench` (as root: it installs haproxy and nginx with
+// hack/tools/ensure-deps.sh --bench).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+)
+
+// options are the command's flags.
+type options struct {
+	paths, faults string
+	skipOverhead  bool
+	skipFailover  bool
+	overhead      overheadConfig
+	window        time.Duration
+	out           string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.paths, "paths", strings.Join(allPaths, ","), "comma-separated paths to measure (direct is the baseline of the overhead ratios)")
+	flag.StringVar(&o.faults, "faults", "kill,hang,blackhole,graceful", "comma-separated faults for the failover runs")
+	flag.BoolVar(&o.skipOverhead, "skip-overhead", false, "skip the overhead measurement")
+	flag.BoolVar(&o.skipFailover, "skip-failover", false, "skip the failover runs")
+	flag.IntVar(&o.overhead.Rounds, "rounds", 5, "interleaved rounds of the overhead measurement")
+	flag.IntVar(&o.overhead.GetSeq, "get-seq", 1000, "sequential GETs per path")
+	flag.IntVar(&o.overhead.GetConc, "get-concurrent", 2000, "concurrent GETs per path")
+	flag.IntVar(&o.overhead.Concurrency, "concurrency", 16, "goroutines of the concurrent GETs")
+	flag.IntVar(&o.overhead.Lists, "lists", 50, "LISTs per path")
+	flag.IntVar(&o.overhead.ListObjects, "list-objects", 300, "ConfigMaps the LIST returns")
+	flag.IntVar(&o.overhead.ListBytes, "list-object-bytes", 1024, "payload bytes per listed ConfigMap")
+	flag.IntVar(&o.overhead.NewConn, "new-conn", 100, "GETs on new connections per path")
+	flag.DurationVar(&o.window, "window", 90*time.Second, "how long to observe each fault at most")
+	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
+	flag.Parse()
+
+	start := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Printf("bench [%6.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	if !testbed.InNetns() {
+		// Outside the network namespace: the network is still there for
+		// apt-get and the Go module proxy.
+		if err := prepare(say); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		say("entering a private network namespace")
+	}
+	if err := testbed.ReexecInNetns(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, say, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func (o *options) validate() error {
+	for _, p := range splitList(o.paths) {
+		if _, ok := pathDescriptions[p]; !ok {
+			return fmt.Errorf("-paths: unknown path %q (allowed: %s)", p, strings.Join(allPaths, ", "))
+		}
+	}
+	for _, f := range splitList(o.faults) {
+		if faultByName(f) == nil {
+			return fmt.Errorf("-faults: unknown fault %q (allowed: kill, hang, blackhole, graceful)", f)
+		}
+	}
+	c := o.overhead
+	if c.Rounds < 1 || c.GetSeq < c.Rounds || c.GetConc < c.Rounds || c.Lists < c.Rounds || c.NewConn < c.Rounds || c.Concurrency < 1 {
+		return fmt.Errorf("overhead counts must be at least -rounds (%d), -concurrency at least 1", c.Rounds)
+	}
+	if o.window < connsSampleAfter+afterResume {
+		return fmt.Errorf("-window %s: at least %s", o.window, connsSampleAfter+afterResume)
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func faultByName(name string) *fault {
+	for i := range allFaults {
+		if allFaults[i].name == name {
+			return &allFaults[i]
+		}
+	}
+	return nil
+}
+
+// prefixWriter prefixes every line written to it.
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	mid    bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if !p.mid {
+			if _, err := io.WriteString(p.w, p.prefix); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := io.WriteString(p.w, line); err != nil {
+			return 0, err
+		}
+		p.mid = !strings.HasSuffix(line, "\n")
+	}
+	return len(b), nil
+}

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Overhead operations.
+const (
+	opGetSeq  = "get-seq"
+	opGetConc = "get-concurrent"
+	opList    = "list"
+	opNewConn = "get-new-connection"
+)
+
+var opDescriptions = map[string]string{
+	opGetSeq:  "GET one small ConfigMap, one request at a time, one HTTP/2 connection",
+	opGetConc: "the same GET from concurrent goroutines sharing one client",
+	opList:    "LIST the namespace's ConfigMaps",
+	opNewConn: "the same GET on a new TCP+TLS connection each time (kubectl-like clients)",
+}
+
+const (
+	benchNamespace = "bench-overhead"
+	smallConfigMap = "small"
+)
+
+// overheadConfig sizes the overhead measurement. Every count is per path,
+// split evenly over the rounds.
+type overheadConfig struct {
+	Rounds      int `json:"rounds"`
+	GetSeq      int `json:"get_seq"`
+	GetConc     int `json:"get_concurrent"`
+	Concurrency int `json:"concurrency"`
+	Lists       int `json:"lists"`
+	ListObjects int `json:"list_objects"`
+	ListBytes   int `json:"list_object_bytes"`
+	NewConn     int `json:"get_new_connection"`
+}
+
+// sample is what one op measured on one path: request latencies and the
+// wall and proxy CPU time they took.
+type sample struct {
+	lat    []time.Duration
+	wall   time.Duration
+	cpu    time.Duration
+	failed int
+}
+
+func (s *sample) add(o sample) {
+	s.lat = append(s.lat, o.lat...)
+	s.wall += o.wall
+	s.cpu += o.cpu
+	s.failed += o.failed
+}
+
+// OverheadRow is one op on one path in the results.
+type OverheadRow struct {
+	Op       string  `json:"op"`
+	Path     string  `json:"path"`
+	Requests int     `json:"requests"`
+	Failed   int     `json:"failed"`
+	P50ms    float64 `json:"p50_ms"`
+	P99ms    float64 `json:"p99_ms"`
+	PerSec   float64 `json:"per_second"`
+	// Ratios against the direct path's figure of the same op, measured in
+	// the same run: >1 means slower (latency) or faster (throughput).
+	P50Ratio    float64 `json:"p50_vs_direct"`
+	P99Ratio    float64 `json:"p99_vs_direct"`
+	PerSecRatio float64 `json:"per_second_vs_direct"`
+	// ProxyCPUMicros is the CPU time the proxy processes used per
+	// request (0 for in-process paths, where it is the client's).
+	ProxyCPUMicros float64 `json:"proxy_cpu_us_per_request,omitempty"`
+	Error          string  `json:"error,omitempty"`
+}
+
+// seedOverhead creates the namespace, the small ConfigMap and the objects
+// the LIST returns, through apiserver-1.
+func seedOverhead(ctx context.Context, cs kubernetes.Interface, cfg overheadConfig) error {
+	_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: benchNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	cms := cs.CoreV1().ConfigMaps(benchNamespace)
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: smallConfigMap}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	payload := strings.Repeat("x", cfg.ListBytes)
+	for i := range cfg.ListObjects {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("item-%04d", i)}, Data: map[string]string{"payload": payload}}
+		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// overheadClient is one path's clients for the overhead ops.
+type overheadClient struct {
+	path *clientPath
+	cs   kubernetes.Interface
+	// fresh builds an http.Client whose every request opens a new
+	// connection; nil when the path cannot (transport.Wrap pools its own).
+	fresh     func() *http.Client
+	getURL    string
+	authValue string
+}
+
+func newOverheadClient(p *clientPath) (*overheadClient, error) {
+	cfg := rest.CopyConfig(p.config)
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side rate limit
+	cs, err := kubernetes.NewForConfigAndClient(cfg, p.httpClient)
+	if err != nil {
+		return nil, err
+	}
+	oc := &overheadClient{path: p, cs: cs}
+	if p.name != pathTransport {
+		tlsCfg, err := rest.TLSConfigFor(cfg)
+		if err != nil {
+			return nil, err
+		}
+		oc.getURL = strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + benchNamespace + "/configmaps/" + smallConfigMap
+		oc.authValue = "Bearer " + cfg.BearerToken
+		oc.fresh = func() *http.Client {
+			return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+				TLSClientConfig:   tlsCfg.Clone(),
+				ForceAttemptHTTP2: true,
+				DisableKeepAlives: true,
+			}}
+		}
+	}
+	return oc, nil
+}
+
+// run measures op n times.
+func (oc *overheadClient) run(ctx context.Context, op string, n, conc int) sample {
+	var cpu0 time.Duration
+	if oc.path.pids != nil {
+		cpu0 = cpuTime(oc.path.pids())
+	}
+	began := time.Now()
+	var s sample
+	switch op {
+	case opGetSeq:
+		s = oc.sequential(ctx, n, oc.get)
+	case opGetConc:
+		s = oc.concurrent(ctx, n, conc, oc.get)
+	case opList:
+		s = oc.sequential(ctx, n, oc.list)
+	case opNewConn:
+		s = oc.sequential(ctx, n, oc.getNewConn)
+	}
+	s.wall = time.Since(began)
+	if oc.path.pids != nil {
+		s.cpu = cpuTime(oc.path.pids()) - cpu0
+	}
+	return s
+}
+
+func (oc *overheadClient) get(ctx context.Context) error {
+	_, err := oc.cs.CoreV1().ConfigMaps(benchNamespace).Get(ctx, smallConfigMap, metav1.GetOptions{})
+	return err
+}
+
+func (oc *overheadClient) list(ctx context.Context) error {
+	_, err := oc.cs.CoreV1().ConfigMaps(benchNamespace).List(ctx, metav1.ListOptions{})
+	return err
+}
+
+func (oc *overheadClient) getNewConn(ctx context.Context) error {
+	hc := oc.fresh()
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, oc.getURL, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", oc.authValue)
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+const requestTimeout = 10 * time.Second
+
+func timed(ctx context.Context, do func(context.Context) error) (time.Duration, error) {
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	t := time.Now()
+	err := do(rctx)
+	return time.Since(t), err
+}
+
+func (oc *overheadClient) sequential(ctx context.Context, n int, do func(context.Context) error) sample {
+	s := sample{lat: make([]time.Duration, 0, n)}
+	for range n {
+		if ctx.Err() != nil {
+			break
+		}
+		d, err := timed(ctx, do)
+		if err != nil {
+			s.failed++
+			continue
+		}
+		s.lat = append(s.lat, d)
+	}
+	return s
+}
+
+func (oc *overheadClient) concurrent(ctx context.Context, n, conc int, do func(context.Context) error) sample {
+	var next atomic.Int64
+	results := make(chan sample, conc)
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s sample
+			for next.Add(1) <= int64(n) && ctx.Err() == nil {
+				d, err := timed(ctx, do)
+				if err != nil {
+					s.failed++
+					continue
+				}
+				s.lat = append(s.lat, d)
+			}
+			results <- s
+		}()
+	}
+	wg.Wait()
+	close(results)
+	var all sample
+	for s := range results {
+		all.add(s)
+	}
+	return all
+}
+
+// percentile returns the q-quantile (0 < q <= 1) of sorted durations by
+// nearest rank; 0 for none.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// summarize turns the samples of one op on one path into a row (ratios
+// are filled later).
+func summarize(op, path string, s sample) OverheadRow {
+	lat := slices.Clone(s.lat)
+	slices.Sort(lat)
+	r := OverheadRow{Op: op, Path: path, Requests: len(lat) + s.failed, Failed: s.failed,
+		P50ms: ms(percentile(lat, 0.50)), P99ms: ms(percentile(lat, 0.99))}
+	if s.wall > 0 {
+		r.PerSec = round(float64(len(lat))/s.wall.Seconds(), 1)
+	}
+	if s.cpu > 0 && len(lat) > 0 {
+		r.ProxyCPUMicros = round(float64(s.cpu.Microseconds())/float64(len(lat)), 1)
+	}
+	return r
+}
+
+// fillRatios sets every row's ratios against the direct path's row of the
+// same op.
+func fillRatios(rows []OverheadRow) {
+	base := make(map[string]OverheadRow)
+	for _, r := range rows {
+		if r.Path == pathDirect {
+			base[r.Op] = r
+		}
+	}
+	for i, r := range rows {
+		b, ok := base[r.Op]
+		if !ok {
+			continue
+		}
+		rows[i].P50Ratio = ratio(r.P50ms, b.P50ms)
+		rows[i].P99Ratio = ratio(r.P99ms, b.P99ms)
+		rows[i].PerSecRatio = ratio(r.PerSec, b.PerSec)
+	}
+}
+
+func ratio(a, b float64) float64 {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	return round(a/b, 3)
+}
+
+func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
+
+func round(v float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(v*p) / p
+}
+
+// measureOverhead runs every op on every path, interleaved: each round
+// runs a share of every op on every path, in an order rotated per round,
+// so that drift on a shared machine spreads over all paths alike.
+func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overheadConfig, say func(string, ...any)) []OverheadRow {
+	ops := []string{opGetSeq, opGetConc, opList, opNewConn}
+	count := map[string]int{opGetSeq: cfg.GetSeq, opGetConc: cfg.GetConc, opList: cfg.Lists, opNewConn: cfg.NewConn}
+	acc := make(map[string]map[string]*sample) // op -> path -> samples
+	for _, op := range ops {
+		acc[op] = make(map[string]*sample)
+		for _, c := range clients {
+			acc[op][c.path.name] = &sample{}
+		}
+	}
+	// Warm up: connections open, caches filled, nothing recorded.
+	for _, c := range clients {
+		c.run(ctx, opGetSeq, 20, 1)
+		c.run(ctx, opList, 2, 1)
+	}
+	for round := range cfg.Rounds {
+		began := time.Now()
+		for i := range clients {
+			c := clients[(i+round)%len(clients)]
+			for _, op := range ops {
+				if op == opNewConn && c.fresh == nil {
+					continue
+				}
+				n := count[op] / cfg.Rounds
+				acc[op][c.path.name].add(c.run(ctx, op, n, cfg.Concurrency))
+			}
+		}
+		say("  overhead round %d/%d done in %s", round+1, cfg.Rounds, time.Since(began).Round(time.Millisecond))
+	}
+	var rows []OverheadRow
+	for _, op := range ops {
+		for _, c := range clients {
+			s := acc[op][c.path.name]
+			if op == opNewConn && c.fresh == nil {
+				continue
+			}
+			r := summarize(op, c.path.name, *s)
+			if s.failed > 0 {
+				r.Error = fmt.Sprintf("%d of %d requests failed", s.failed, r.Requests)
+			}
+			rows = append(rows, r)
+		}
+	}
+	fillRatios(rows)
+	return rows
+}

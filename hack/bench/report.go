@@ -1,0 +1,161 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Results is results.json.
+type Results struct {
+	Date    string `json:"date"`
+	Machine string `json:"machine"`
+	// Versions of the software measured.
+	Versions map[string]string `json:"versions"`
+	// Paths and Ops describe the rows.
+	Paths    map[string]string `json:"paths"`
+	Ops      map[string]string `json:"ops"`
+	Overhead struct {
+		Config overheadConfig `json:"config"`
+		Rows   []OverheadRow  `json:"rows"`
+		Error  string         `json:"error,omitempty"`
+	} `json:"overhead"`
+	Failover struct {
+		Faults map[string]string `json:"faults"`
+		Rows   []FailoverRow     `json:"rows"`
+	} `json:"failover"`
+	DurationSeconds float64 `json:"duration_s"`
+}
+
+// write stores results.json and results.md in dir.
+func (r *Results) write(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	md := r.markdown()
+	return md, os.WriteFile(filepath.Join(dir, "results.md"), []byte(md), 0o644)
+}
+
+func fmtRatio(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+func fmtSecs(v *float64) string {
+	if v == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%.2fs", *v)
+}
+
+// fmtWithin renders a time after the fault, or that it did not happen
+// within the observed time.
+func fmtWithin(v *float64, observed float64) string {
+	if v == nil {
+		return fmt.Sprintf("none in %.0fs", observed)
+	}
+	return fmtSecs(v)
+}
+
+// markdown renders the results as tables.
+func (r *Results) markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w("## Peer benchmark, %s", r.Date)
+	w("")
+	w("%s. %s.", r.Machine, versionLine(r.Versions))
+	w("")
+	if len(r.Overhead.Rows) > 0 || r.Overhead.Error != "" {
+		c := r.Overhead.Config
+		w("### Overhead")
+		w("")
+		w("Per path: %d sequential GETs of a small ConfigMap, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). Proxy CPU: CPU time of the proxy processes per request.",
+			c.GetSeq, c.GetConc, c.Concurrency, c.Lists, c.ListObjects, c.ListBytes, c.NewConn, c.Rounds)
+		w("")
+		if r.Overhead.Error != "" {
+			w("Error: %s", r.Overhead.Error)
+			w("")
+		}
+		w("| op | path | p50 | p50 vs direct | p99 | p99 vs direct | req/s | req/s vs direct | proxy CPU/req |")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, o := range r.Overhead.Rows {
+			cpu := "-"
+			if o.ProxyCPUMicros > 0 {
+				cpu = fmt.Sprintf("%.0fµs", o.ProxyCPUMicros)
+			}
+			errNote := ""
+			if o.Error != "" {
+				errNote = " (" + o.Error + ")"
+			}
+			w("| %s | %s%s | %.2fms | %s | %.2fms | %s | %.0f | %s | %s |", o.Op, o.Path, errNote,
+				o.P50ms, fmtRatio(o.P50Ratio), o.P99ms, fmtRatio(o.P99Ratio), o.PerSec, fmtRatio(o.PerSecRatio), cpu)
+		}
+		w("")
+	}
+	if len(r.Failover.Rows) > 0 {
+		w("### Failover")
+		w("")
+		w("A workload (informer on ConfigMaps, a create every 100ms, a GET every 50ms, 10s timeout, no client-go retries) runs through each path; the fault hits the apiserver carrying its traffic. Times are after the fault. \"marked down\": the path's health view (nginx and direct have none). \"first GET elsewhere\": first GET sent after the fault answered by another apiserver. \"blind\": longest time without a successful GET. \"conns @10s\": connections of the path still open to the faulted apiserver 10s after the fault (proxies: upstream side, health checks included).")
+		w("")
+		w("| fault | path | marked down | first GET elsewhere | blind | failed GETs | failed creates | informer resumed | relists | events lost | conns @10s |")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, f := range r.Failover.Rows {
+			if f.Error != "" {
+				w("| %s | %s | error: %s | | | | | | | | |", f.Fault, f.Path, strings.ReplaceAll(oneLine(f.Error, 200), "|", "/"))
+				continue
+			}
+			down := fmtWithin(f.MarkedDown, f.Observed)
+			if !f.HasHealth {
+				down = "n/a"
+			}
+			gets := fmt.Sprintf("%d/%d", f.GetsFailed, f.Gets)
+			if f.GetsSkipped > 0 {
+				gets += fmt.Sprintf(" (+%d skipped)", f.GetsSkipped)
+			}
+			w("| %s | %s | %s | %s | %.2fs | %s | %d/%d | %s | %d | %d | %d |", f.Fault, f.Path, down,
+				fmtWithin(f.FirstGetElsewhere, f.Observed), f.LongestGetGap, gets, f.CreatesFailed, f.Creates,
+				fmtWithin(f.InformerResume, f.Observed), f.Relists, f.EventsLost, f.ConnsToVictim)
+		}
+		w("")
+		w("Each run observes until the client has resumed and the path's health view counts the faulted apiserver down, at least %s, at most %s (direct: %s).", connsSampleAfter+afterResume, windowOf(r.Failover.Rows), directWindow)
+		w("")
+	}
+	return b.String()
+}
+
+func windowOf(rows []FailoverRow) string {
+	best := 0.0
+	for _, r := range rows {
+		best = max(best, r.Window)
+	}
+	return fmt.Sprintf("%.0fs", best)
+}
+
+func versionLine(v map[string]string) string {
+	var parts []string
+	for _, k := range []string{"kube-apiserver", "etcd", "localproxy", "haproxy", "nginx"} {
+		if s, ok := v[k]; ok {
+			parts = append(parts, k+" "+s)
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	return s
+}
