@@ -39,9 +39,15 @@ e2e: deps
 demo: deps
 	$(GO) run ./hack/demo
 
-## bench: benchmarks with ratios against baselines measured in the same run.
+## bench: benchmarks with ratios against baselines measured in the same run: the
+## Go micro-benchmarks, then the peer benchmark (hack/bench: direct, transport,
+## localproxy, HAProxy and nginx on a real control plane; installs haproxy and
+## nginx; about 15 minutes; results in _output/bench/).
 bench:
+	@echo "==> Go micro-benchmarks"
 	$(GO) test -run=NONE -bench=. -benchmem $(UNIT_PKGS)
+	@echo "==> peer benchmark (hack/bench)"
+	$(GO) run ./hack/bench
 
 ## lint: gofmt, go vet, staticcheck.
 lint: vet
