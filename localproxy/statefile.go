@@ -79,6 +79,9 @@ func (s *stateFile) run(ctx context.Context) {
 		}
 	})
 	defer unsubscribe()
+	// The pool may have changed before the subscription: the probes run
+	// from the start.
+	s.save()
 	for {
 		select {
 		case <-ctx.Done():
