@@ -79,8 +79,8 @@ func TestTCPConnsOfSelf(t *testing.T) {
 	if !found {
 		t.Errorf("connection to %s not among this process's sockets %+v", ln.Addr(), conns)
 	}
-	if n := w.connsTo(ln.Addr().String()); n != 1 {
-		t.Errorf("connsTo = %d, want 1", n)
+	if n := len(w.openTo(ln.Addr().String())); n != 1 {
+		t.Errorf("openTo: %d connections, want 1", n)
 	}
 	if s := w.serving(); s != "" {
 		t.Errorf("serving = %q for a connection younger than %s, want none", s, watcherMinAge)

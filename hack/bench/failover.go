@@ -89,11 +89,15 @@ type FailoverRow struct {
 	// EventsLost counts created objects the informer had not seen 15s
 	// after the load stopped.
 	EventsLost int `json:"events_lost"`
-	// ConnsToVictim counts the path's connections still open (established
-	// or half-closed by the server) to the faulted apiserver 10s after the
-	// fault: client connections for in-process paths, the proxy's upstream
-	// connections (health checks included) for the proxies.
-	ConnsToVictim int `json:"conns_to_victim_at_10s"`
+	// ConnsToVictim counts the path's connections to the faulted
+	// apiserver that were open at the fault and still are (established or
+	// half-closed by the server) 10s later: client connections for the
+	// in-process paths, the proxy's upstream connections for the proxies.
+	// ConnsToVictimAll counts every open one, including connections opened
+	// after the fault (a proxy's health checks, new client connections
+	// sent to the faulted server).
+	ConnsToVictim    int `json:"conns_to_victim_at_10s"`
+	ConnsToVictimAll int `json:"conns_to_victim_at_10s_all"`
 	// Window is the longest the run would observe; Observed how long it
 	// did (until the client resumed and the path marked the victim down).
 	Window   float64 `json:"window_s"`
@@ -211,6 +215,7 @@ func runFailover(ctx context.Context, e *env, path string, f fault, window time.
 	}
 	row.Window = window.Seconds()
 
+	stale := p.openConns(victim.Addr())
 	if err := f.inject(victim); err != nil {
 		return row, fmt.Errorf("inject %s into %s: %w", f.name, victim.Name(), err)
 	}
@@ -229,7 +234,13 @@ func runFailover(ctx context.Context, e *env, path string, f fault, window time.
 			}
 		}
 		if !sampled && now.Sub(t0) >= connsSampleAfter {
-			row.ConnsToVictim = p.connsTo(victim.Addr())
+			now := p.openConns(victim.Addr())
+			row.ConnsToVictimAll = len(now)
+			for id := range now {
+				if stale[id] {
+					row.ConnsToVictim++
+				}
+			}
 			sampled = true
 		}
 		if resumedAt.IsZero() {

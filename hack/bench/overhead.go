@@ -84,9 +84,12 @@ type OverheadRow struct {
 	P99Ratio    float64 `json:"p99_vs_direct"`
 	PerSecRatio float64 `json:"per_second_vs_direct"`
 	// ProxyCPUMicros is the CPU time the proxy processes used per
-	// request (0 for in-process paths, where it is the client's).
+	// request, their use at rest (IdleCPUms per second of the op's wall
+	// time) taken off; 0 for in-process paths.
 	ProxyCPUMicros float64 `json:"proxy_cpu_us_per_request,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	// IdleCPUms is the proxy's CPU use at rest: milliseconds per second.
+	IdleCPUms float64 `json:"proxy_idle_cpu_ms_per_s,omitempty"`
+	Error     string  `json:"error,omitempty"`
 }
 
 // seedOverhead creates the namespace, the small ConfigMap and the objects
@@ -119,6 +122,33 @@ type overheadClient struct {
 	fresh     func() *http.Client
 	getURL    string
 	authValue string
+	// idleRate is the proxy's CPU use at rest (health checks, discovery),
+	// CPU seconds per second; subtracted from the per-request figures.
+	idleRate float64
+}
+
+// idlePeriod is how long the proxies' CPU use at rest is measured.
+const idlePeriod = 5 * time.Second
+
+// measureIdle measures every proxy's CPU use with no client traffic.
+func measureIdle(ctx context.Context, clients []*overheadClient, d time.Duration) {
+	before := make([]time.Duration, len(clients))
+	for i, c := range clients {
+		if c.path.pids != nil {
+			before[i] = cpuTime(c.path.pids())
+		}
+	}
+	began := time.Now()
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	wall := time.Since(began)
+	for i, c := range clients {
+		if c.path.pids != nil {
+			c.idleRate = (cpuTime(c.path.pids()) - before[i]).Seconds() / wall.Seconds()
+		}
+	}
 }
 
 func newOverheadClient(p *clientPath) (*overheadClient, error) {
@@ -167,7 +197,8 @@ func (oc *overheadClient) run(ctx context.Context, op string, n, conc int) sampl
 	}
 	s.wall = time.Since(began)
 	if oc.path.pids != nil {
-		s.cpu = cpuTime(oc.path.pids()) - cpu0
+		idle := time.Duration(oc.idleRate * float64(s.wall))
+		s.cpu = max(cpuTime(oc.path.pids())-cpu0-idle, 0)
 	}
 	return s
 }
@@ -360,6 +391,9 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 				continue
 			}
 			r := summarize(op, c.path.name, *s)
+			if c.path.pids != nil {
+				r.IdleCPUms = round(c.idleRate*1000, 2)
+			}
 			if s.failed > 0 {
 				r.Error = fmt.Sprintf("%d of %d requests failed", s.failed, r.Requests)
 			}

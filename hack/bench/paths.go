@@ -28,6 +28,9 @@ const (
 	pathLocalProxy = "localproxy"
 	pathHAProxy    = "haproxy"
 	pathNginx      = "nginx"
+	// pathDirectAgain is a second direct client, measured in the overhead
+	// rounds only: its ratios against direct show the noise of the run.
+	pathDirectAgain = "direct-again"
 )
 
 // allPaths in report order: the baseline first, ours, the peers.
@@ -35,11 +38,12 @@ var allPaths = []string{pathDirect, pathTransport, pathLocalProxy, pathHAProxy, 
 
 // pathDescriptions for the report.
 var pathDescriptions = map[string]string{
-	pathDirect:     "client-go straight to apiserver-1 (no failover)",
-	pathTransport:  "client-go with transport.Wrap, in process (defaults, EndpointSlice discovery)",
-	pathLocalProxy: "client-go via the localproxy binary on 127.0.0.1:7445 (defaults, discovery on)",
-	pathHAProxy:    "client-go via HAProxy on 127.0.0.1:6443, kubespray's configuration",
-	pathNginx:      "client-go via nginx (stream) on 127.0.0.1:6444, kubespray's configuration",
+	pathDirect:      "client-go straight to apiserver-1 (no failover)",
+	pathDirectAgain: "a second, identical direct client (overhead only): the noise floor",
+	pathTransport:   "client-go with transport.Wrap, in process (defaults, EndpointSlice discovery)",
+	pathLocalProxy:  "client-go via the localproxy binary on 127.0.0.1:7445 (defaults, discovery on)",
+	pathHAProxy:     "client-go via HAProxy on 127.0.0.1:6443, kubespray's configuration",
+	pathNginx:       "client-go via nginx (stream) on 127.0.0.1:6444, kubespray's configuration",
 }
 
 // env is what starting a path needs.
@@ -73,8 +77,10 @@ type clientPath struct {
 	// settled reports whether the path has checked every apiserver at
 	// least once and counts it healthy.
 	settled func() bool
-	// connsTo counts the connections the path holds open to addr.
-	connsTo func(addr string) int
+	// openConns identifies the connections the path holds open to addr
+	// (socket inodes for the proxies; for in-process paths, one key per
+	// connection that lives as long as the connection).
+	openConns func(addr string) map[uint64]bool
 	// markBaseline is called before the workload starts (see connWatcher).
 	markBaseline func()
 	// pids are the proxy's processes, nil for in-process paths.
@@ -102,8 +108,12 @@ func startPath(ctx context.Context, e *env, name, dir string) (*clientPath, erro
 
 func startPathOnce(ctx context.Context, e *env, name, dir string) (*clientPath, error) {
 	switch name {
-	case pathDirect:
-		return startDirect(e)
+	case pathDirect, pathDirectAgain:
+		p, err := startDirect(e)
+		if p != nil {
+			p.name = name
+		}
+		return p, err
 	case pathTransport:
 		return startTransport(ctx, e)
 	case pathLocalProxy:
@@ -121,8 +131,9 @@ func startPathOnce(ctx context.Context, e *env, name, dir string) (*clientPath, 
 // connections per remote address. A Dial of its own also gives each path
 // its own transport in client-go's cache.
 type connTracker struct {
-	mu   sync.Mutex // guards open
-	open map[string]int
+	mu   sync.Mutex // guards open, next
+	open map[string]map[uint64]bool
+	next uint64
 }
 
 func (t *connTracker) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -134,33 +145,56 @@ func (t *connTracker) dial(ctx context.Context, network, addr string) (net.Conn,
 	remote := c.RemoteAddr().String()
 	t.mu.Lock()
 	if t.open == nil {
-		t.open = make(map[string]int)
+		t.open = make(map[string]map[uint64]bool)
 	}
-	t.open[remote]++
+	if t.open[remote] == nil {
+		t.open[remote] = make(map[uint64]bool)
+	}
+	t.next++
+	id := t.next
+	t.open[remote][id] = true
 	t.mu.Unlock()
-	return &trackedConn{Conn: c, t: t, remote: remote}, nil
+	return &trackedConn{Conn: c, t: t, remote: remote, id: id}, nil
 }
 
-func (t *connTracker) count(addr string) int {
+// openTo returns the ids of the open connections to addr.
+func (t *connTracker) openTo(addr string) map[uint64]bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.open[addr]
+	out := make(map[uint64]bool)
+	for id := range t.open[addr] {
+		out[id] = true
+	}
+	return out
 }
 
 type trackedConn struct {
 	net.Conn
 	t      *connTracker
 	remote string
+	id     uint64
 	once   sync.Once
 }
 
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.t.mu.Lock()
-		c.t.open[c.remote]--
+		delete(c.t.open[c.remote], c.id)
 		c.t.mu.Unlock()
 	})
 	return c.Conn.Close()
+}
+
+// countKeys stands for n connections the path cannot tell apart: keys
+// 1..n, so that connections open at the fault and still open 10s later
+// are counted as such when the count did not drop (transport.Wrap's
+// OpenConns gives counts only).
+func countKeys(n int) map[uint64]bool {
+	out := make(map[uint64]bool, n)
+	for i := range n {
+		out[uint64(i+1)] = true
+	}
+	return out
 }
 
 // clientGo builds a client-go configuration and client with client-go's
@@ -193,7 +227,7 @@ func startDirect(e *env) (*clientPath, error) {
 		serving:      func() string { return first.Addr() },
 		down:         unknownHealth,
 		settled:      alwaysSettled,
-		connsTo:      t.count,
+		openConns:    t.openTo,
 		markBaseline: func() {},
 		exited:       func() bool { return false },
 		close:        hc.CloseIdleConnections,
@@ -229,7 +263,7 @@ func startTransport(ctx context.Context, e *env) (*clientPath, error) {
 			}
 			return true
 		},
-		connsTo:      func(addr string) int { return f.OpenConns()[addr] },
+		openConns:    func(addr string) map[uint64]bool { return countKeys(f.OpenConns()[addr]) },
 		markBaseline: func() {},
 		exited:       func() bool { return false },
 		close:        func() { f.Close() },
@@ -251,7 +285,7 @@ func proxyPath(e *env, name, listen string, p *proc, pids func() []int) (*client
 		serving:      w.serving,
 		down:         unknownHealth,
 		settled:      alwaysSettled,
-		connsTo:      w.connsTo,
+		openConns:    w.openTo,
 		markBaseline: w.markBaseline,
 		pids:         pids,
 		exited:       func() bool { done, _ := p.exited(); return done },

@@ -300,14 +300,14 @@ func (w *connWatcher) serving() string {
 	return best
 }
 
-// connsTo counts every open connection to addr, baseline and health
-// checks included.
-func (w *connWatcher) connsTo(addr string) int {
-	n := 0
+// openTo returns the socket inodes of every open connection to addr,
+// baseline and health checks included.
+func (w *connWatcher) openTo(addr string) map[uint64]bool {
+	out := make(map[uint64]bool)
 	for _, c := range w.conns() {
 		if c.Remote.String() == addr {
-			n++
+			out[c.Inode] = true
 		}
 	}
-	return n
+	return out
 }

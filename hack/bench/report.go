@@ -80,11 +80,16 @@ func (r *Results) markdown() string {
 		c := r.Overhead.Config
 		w("### Overhead")
 		w("")
-		w("Per path: %d sequential GETs of a small ConfigMap, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). Proxy CPU: CPU time of the proxy processes per request.",
+		w("Per path: %d sequential GETs of a small ConfigMap, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). direct-again is a second direct client: its ratios show the run's noise. Proxy CPU: CPU time of the proxy processes per request, their use at rest (health checks; localproxy also its EndpointSlice watch) taken off.",
 			c.GetSeq, c.GetConc, c.Concurrency, c.Lists, c.ListObjects, c.ListBytes, c.NewConn, c.Rounds)
 		w("")
 		if r.Overhead.Error != "" {
 			w("Error: %s", r.Overhead.Error)
+			w("")
+		}
+		idle := idleLine(r.Overhead.Rows)
+		if idle != "" {
+			w("Proxy CPU at rest: %s.", idle)
 			w("")
 		}
 		w("| op | path | p50 | p50 vs direct | p99 | p99 vs direct | req/s | req/s vs direct | proxy CPU/req |")
@@ -106,7 +111,7 @@ func (r *Results) markdown() string {
 	if len(r.Failover.Rows) > 0 {
 		w("### Failover")
 		w("")
-		w("A workload (informer on ConfigMaps, a create every 100ms, a GET every 50ms, 10s timeout, no client-go retries) runs through each path; the fault hits the apiserver carrying its traffic. Times are after the fault. \"marked down\": the path's health view (nginx and direct have none). \"first GET elsewhere\": first GET sent after the fault answered by another apiserver. \"blind\": longest time without a successful GET. \"conns @10s\": connections of the path still open to the faulted apiserver 10s after the fault (proxies: upstream side, health checks included).")
+		w("A workload (informer on ConfigMaps, a create every 100ms, a GET every 50ms, 10s timeout, no client-go retries) runs through each path; the fault hits the apiserver carrying its traffic. Times are after the fault. \"marked down\": the path's health view (nginx and direct have none). \"first GET elsewhere\": first GET sent after the fault answered by another apiserver. \"blind\": longest time without a successful GET. \"conns @10s\": connections of the path to the faulted apiserver open at the fault and still open 10s later (proxies: their upstream side); in brackets, with those opened after the fault (health checks, new client connections sent there).")
 		w("")
 		w("| fault | path | marked down | first GET elsewhere | blind | failed GETs | failed creates | informer resumed | relists | events lost | conns @10s |")
 		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -123,9 +128,13 @@ func (r *Results) markdown() string {
 			if f.GetsSkipped > 0 {
 				gets += fmt.Sprintf(" (+%d skipped)", f.GetsSkipped)
 			}
-			w("| %s | %s | %s | %s | %.2fs | %s | %d/%d | %s | %d | %d | %d |", f.Fault, f.Path, down,
+			conns := fmt.Sprint(f.ConnsToVictim)
+			if f.ConnsToVictimAll != f.ConnsToVictim {
+				conns += fmt.Sprintf(" (%d with new)", f.ConnsToVictimAll)
+			}
+			w("| %s | %s | %s | %s | %.2fs | %s | %d/%d | %s | %d | %d | %s |", f.Fault, f.Path, down,
 				fmtWithin(f.FirstGetElsewhere, f.Observed), f.LongestGetGap, gets, f.CreatesFailed, f.Creates,
-				fmtWithin(f.InformerResume, f.Observed), f.Relists, f.EventsLost, f.ConnsToVictim)
+				fmtWithin(f.InformerResume, f.Observed), f.Relists, f.EventsLost, conns)
 		}
 		w("")
 		w("Each run observes until the client has resumed and the path's health view counts the faulted apiserver down, at least %s, at most %s (direct: %s).", connsSampleAfter+afterResume, windowOf(r.Failover.Rows), directWindow)
@@ -158,4 +167,17 @@ func oneLine(s string, n int) string {
 		s = s[:n] + "..."
 	}
 	return s
+}
+
+// idleLine lists the proxies' CPU use at rest.
+func idleLine(rows []OverheadRow) string {
+	var parts []string
+	seen := make(map[string]bool)
+	for _, r := range rows {
+		if (r.IdleCPUms > 0 || r.ProxyCPUMicros > 0) && !seen[r.Path] {
+			seen[r.Path] = true
+			parts = append(parts, fmt.Sprintf("%s %.1fms/s", r.Path, r.IdleCPUms))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

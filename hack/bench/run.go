@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -101,7 +103,10 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 		return err
 	}
 	defer klogFile.Close()
-	klog.LogToStderr(false)
+	kfs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(kfs)
+	_ = kfs.Set("logtostderr", "false")
+	_ = kfs.Set("stderrthreshold", "FATAL")
 	klog.SetOutput(klogFile)
 	bin := localproxyBinary(root)
 	if _, err := os.Stat(bin); err != nil {
@@ -126,6 +131,9 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 	}
 	for _, p := range paths {
 		res.Paths[p] = pathDescriptions[p]
+	}
+	if !o.skipOverhead && slices.Contains(paths, pathDirect) {
+		res.Paths[pathDirectAgain] = pathDescriptions[pathDirectAgain]
 	}
 	var failures []string
 
@@ -194,6 +202,10 @@ func overhead(ctx context.Context, e *env, paths []string, cfg overheadConfig, s
 	if err := seedOverhead(ctx, cs, cfg); err != nil {
 		return nil, fmt.Errorf("seeding: %w", err)
 	}
+	if slices.Contains(paths, pathDirect) {
+		i := slices.Index(paths, pathDirect)
+		paths = slices.Insert(slices.Clone(paths), i+1, pathDirectAgain)
+	}
 	var clients []*overheadClient
 	defer func() {
 		for _, c := range clients {
@@ -215,6 +227,12 @@ func overhead(ctx context.Context, e *env, paths []string, cfg overheadConfig, s
 	for _, c := range clients {
 		if !waitUntil(ctx, settleLimit, c.path.settled) {
 			return nil, fmt.Errorf("%s did not count every apiserver healthy within %s", c.path.name, settleLimit)
+		}
+	}
+	measureIdle(ctx, clients, idlePeriod)
+	for _, c := range clients {
+		if c.path.pids != nil {
+			say("  %s at rest: %.1fms CPU per second", c.path.name, c.idleRate*1000)
 		}
 	}
 	return measureOverhead(ctx, clients, cfg, say), nil
