@@ -200,8 +200,8 @@ func cpuTime(pids []int) time.Duration {
 }
 
 // connWatcher tells which apiserver a proxy process carries the client's
-// traffic to: the one with the most open connections that are older than
-// minAge (health checks open and close theirs within milliseconds) and
+// traffic to: the one with the most open connections (on a tie, the one
+// with the newest) that are older than minAge (health checks open and close theirs within milliseconds) and
 // were not open at the baseline (connections the proxy itself uses, such
 // as localproxy's EndpointSlice watch). Safe for concurrent use.
 type connWatcher struct {
@@ -216,7 +216,7 @@ type connWatcher struct {
 }
 
 // watcherMinAge is how long a connection must have been open to count.
-const watcherMinAge = 500 * time.Millisecond
+const watcherMinAge = 200 * time.Millisecond
 
 func newConnWatcher(pids func() []int, servers []string) *connWatcher {
 	w := &connWatcher{pids: pids, servers: make(map[netip.AddrPort]bool), firstSeen: make(map[uint64]time.Time), baseline: make(map[uint64]bool)}
@@ -284,15 +284,24 @@ func (w *connWatcher) serving() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	count := make(map[string]int)
+	newest := make(map[string]time.Time)
 	for _, c := range cs {
-		if w.baseline[c.Inode] || now.Sub(w.firstSeen[c.Inode]) < watcherMinAge {
+		seen := w.firstSeen[c.Inode]
+		if w.baseline[c.Inode] || now.Sub(seen) < watcherMinAge {
 			continue
 		}
-		count[c.Remote.String()]++
+		addr := c.Remote.String()
+		count[addr]++
+		if seen.After(newest[addr]) {
+			newest[addr] = seen
+		}
 	}
+	// On a tie the newest connection wins: a client opens one when the
+	// old one stops taking requests (HTTP/2 GOAWAY) while a watch may
+	// still finish on the old one.
 	best, most := "", 0
 	for addr, n := range count {
-		if n > most || (n == most && addr < best) {
+		if n > most || (n == most && (newest[addr].After(newest[best]) || (newest[addr].Equal(newest[best]) && addr < best))) {
 			best, most = addr, n
 		}
 	}
