@@ -45,10 +45,7 @@ type connPool struct {
 	mu      sync.Mutex // guards the fields below
 	conns   map[string][]*clientConn
 	dialing map[string]*dialCall // in-flight dials by first candidate
-	// drains are the timers that close an endpoint's drained connections
-	// that are still busy, stopped if the endpoint recovers first.
-	drains map[string][]*time.Timer
-	closed bool
+	closed  bool
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
 	hold Holdoff
@@ -65,6 +62,9 @@ type clientConn struct {
 	retiring     bool
 	closedByPool bool
 	lastInFlight int
+	// drain closes the connection if its requests are still running when
+	// the drain of its endpoint times out; stopped if the endpoint recovers.
+	drain *time.Timer
 }
 
 type dialCall struct {
@@ -93,7 +93,6 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Tr
 		m:       m,
 		conns:   make(map[string][]*clientConn),
 		dialing: make(map[string]*dialCall),
-		drains:  make(map[string][]*time.Timer),
 	}
 	t.DialTLSContext = p.dialTLS
 	return p
@@ -298,6 +297,7 @@ func (p *connPool) idleLocked(addr string) int {
 }
 
 func (p *connPool) removeLocked(c *clientConn) {
+	c.stopDrainLocked()
 	cs := p.conns[c.addr]
 	for i, x := range cs {
 		if x == c {
@@ -319,6 +319,7 @@ func (p *connPool) closeEndpoint(addr string) int {
 	delete(p.conns, addr)
 	for _, c := range cs {
 		c.closedByPool = true
+		c.stopDrainLocked()
 	}
 	p.mu.Unlock()
 	closeAll(cs)
@@ -381,45 +382,63 @@ func Graceful(ev upstream.Event) bool {
 var gracefulDrain = 10 * time.Second
 
 // drainEndpoint retires the connections to addr and closes those still busy
-// after gracefulDrain.
+// after gracefulDrain, connections retired before included (when another
+// endpoint became preferred, or by a drain lifted when addr recovered). It
+// returns how many are busy.
 func (p *connPool) drainEndpoint(addr string) int {
-	busy := p.retire(func(a string) bool { return a == addr })
-	if len(busy) > 0 {
-		var t *time.Timer
-		p.mu.Lock()
-		t = time.AfterFunc(gracefulDrain, func() {
-			p.mu.Lock()
-			p.drains[addr] = slices.DeleteFunc(p.drains[addr], func(x *time.Timer) bool { return x == t })
-			if len(p.drains[addr]) == 0 {
-				delete(p.drains, addr)
-			}
-			for _, c := range busy {
-				c.closedByPool = true
-			}
-			p.mu.Unlock()
-			closeAll(busy)
-		})
-		p.drains[addr] = append(p.drains[addr], t)
-		p.mu.Unlock()
+	p.retire(func(a string) bool { return a == addr })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	busy := p.conns[addr] // retire closed the idle ones
+	for _, c := range busy {
+		if c.drain == nil && !c.closedByPool {
+			// The callback takes p.mu, so it sees t assigned.
+			var t *time.Timer
+			t = time.AfterFunc(gracefulDrain, func() { p.closeDrained(c, t) })
+			c.drain = t
+		}
 	}
 	return len(busy)
+}
+
+// closeDrained closes c when t, its drain timer, fired.
+func (p *connPool) closeDrained(c *clientConn, t *time.Timer) {
+	p.mu.Lock()
+	if c.drain != t || c.closedByPool { // stopped (and maybe drained again) meanwhile
+		p.mu.Unlock()
+		return
+	}
+	c.drain = nil
+	c.closedByPool = true
+	p.removeLocked(c)
+	p.mu.Unlock()
+	c.cc.Close()
+}
+
+func (c *clientConn) stopDrainLocked() {
+	if c.drain != nil {
+		c.drain.Stop()
+		c.drain = nil
+	}
 }
 
 // undrain lets the busy connections of a drained endpoint that is healthy
 // again finish in their own time: they still take no new requests, but a
 // watch on them is not cut. An etcd hiccup fails every server's /readyz at
-// once; it must not cost every client its watches.
+// once; it must not cost every client its watches. A later drain of addr
+// gives them a deadline again.
 func (p *connPool) undrain(addr string) {
 	p.mu.Lock()
-	ts := p.drains[addr]
-	delete(p.drains, addr)
-	p.mu.Unlock()
-	stopped := false
-	for _, t := range ts {
-		stopped = t.Stop() || stopped
+	n := 0
+	for _, c := range p.conns[addr] {
+		if c.drain != nil {
+			c.stopDrainLocked()
+			n++
+		}
 	}
-	if stopped {
-		p.log.Info("endpoint healthy again; its retired connections may finish", "endpoint", addr)
+	p.mu.Unlock()
+	if n > 0 {
+		p.log.Info("endpoint healthy again; its retired connections may finish", "endpoint", addr, "conns", n)
 	}
 }
 
@@ -463,6 +482,7 @@ func (p *connPool) close() {
 	for _, cs := range p.conns {
 		for _, c := range cs {
 			c.closedByPool = true
+			c.stopDrainLocked()
 		}
 		all = append(all, cs...)
 	}

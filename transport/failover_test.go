@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -278,16 +277,40 @@ func TestNotReadyEndpointDrains(t *testing.T) {
 // A stream (a watch) on a connection drained because its server failed
 // /readyz is cut at the drain deadline, unless the server is healthy again
 // by then: a moment of failing /readyz on every server (an etcd hiccup) must
-// not cost every client its watches.
+// not cost every client its watches. A stream kept that way gets a deadline
+// again when its server is drained again, or leaves the pool while healthy
+// (a graceful removal).
 func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
-	const drain = 1500 * time.Millisecond
+	const drain = 2 * time.Second
 	defer transport.SetGracefulDrain(drain)()
-	for _, recovers := range []bool{false, true} {
-		t.Run(fmt.Sprintf("recovers=%v", recovers), func(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		recovers bool
+		// then, if set, happens after the recovery and starts a new drain.
+		then func(t *testing.T, c *cluster, f *transport.Failover, victim *server)
+	}{
+		{name: "no recovery"},
+		{name: "recovers", recovers: true},
+		{name: "recovers, then fails again", recovers: true, then: func(t *testing.T, c *cluster, f *transport.Failover, victim *server) {
+			victim.notReady.Store(true)
+			require.Eventually(t, func() bool { return !f.Pool().Usable(victim.addr) }, 5*time.Second, 5*time.Millisecond)
+		}},
+		{name: "recovers, then is removed", recovers: true, then: func(t *testing.T, c *cluster, f *transport.Failover, victim *server) {
+			var keep []upstream.Spec
+			for _, s := range c.servers {
+				if s != victim {
+					keep = append(keep, upstream.Spec{Addr: s.addr})
+				}
+			}
+			require.NoError(t, f.Pool().Set(upstream.SourceStatic, keep))
+			require.False(t, f.Pool().Has(victim.addr), "still in the pool: %v", f.Pool().Sources(victim.addr))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, 2)
 			// Probe timeouts long enough that a slow handshake on a busy
 			// machine does not count as a hung server (which is cut).
-			f := wrap(t, c, transport.Options{ProbeInterval: 100 * time.Millisecond, Rise: 1, Fall: 1})
+			f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1})
 			victim := serving(t, c, f)
 			release := make(chan struct{})
 			victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -309,7 +332,7 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 			resp, err := f.HTTPClient().Get("https://" + f.Origin() + "/api/v1/configmaps?watch=1")
 			require.NoError(t, err)
 			defer resp.Body.Close()
-			lines := make(chan string, 1000)
+			lines := make(chan string, 10000)
 			done := make(chan error, 1)
 			go func() {
 				sc := bufio.NewScanner(resp.Body)
@@ -323,21 +346,32 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 			victim.notReady.Store(true)
 			require.Eventually(t, func() bool { return !f.Pool().Usable(victim.addr) }, 5*time.Second, 5*time.Millisecond)
 			drainedAt := time.Now()
-			if recovers {
+			if tc.recovers {
 				victim.notReady.Store(false)
 				require.Eventually(t, func() bool { return f.Pool().Usable(victim.addr) }, 5*time.Second, 5*time.Millisecond)
 				require.Less(t, time.Since(drainedAt), drain, "recovered after the drain deadline: nothing is tested")
 			}
+			cut := !tc.recovers
+			if tc.then != nil {
+				select {
+				case err := <-done:
+					t.Fatalf("the stream was cut before its server was drained again: %v", err)
+				case <-time.After(drain):
+				}
+				tc.then(t, c, f, victim)
+				drainedAt, cut = time.Now(), true
+			}
 			select {
 			case err := <-done:
-				if recovers {
+				if !cut {
 					t.Fatalf("the stream was cut although its server recovered: %v", err)
 				}
 				require.Error(t, err, "the stream must be cut, not end cleanly")
 				assert.GreaterOrEqual(t, time.Since(drainedAt), drain-100*time.Millisecond, "cut before the drain deadline")
+				assert.Zero(t, f.OpenConns()[victim.addr])
 			case <-time.After(drain + time.Second):
-				if !recovers {
-					t.Fatal("the stream on the drained connection was not cut at the deadline")
+				if cut {
+					t.Fatalf("the stream on the drained connection was not cut at the deadline; open connections %v", f.OpenConns())
 				}
 				close(release)
 				require.NoError(t, <-done, "the stream ends as the server ends it")
