@@ -63,13 +63,18 @@ var _ upstream.Prober = (*Prober)(nil)
 // WithCredentials returns a copy of p whose probes authenticate as cfg
 // does: its bearer token (a token file is re-read as it rotates) and its
 // client certificate. For clusters that do not serve /readyz to anonymous
-// users.
+// users. Exec plugins and auth providers are not run for probes: with only
+// those, probes stay anonymous (see Credentials). cfg's CA is not used;
+// p.TLSConfig verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 	q := *p
 	if a := bearer(cfg); a != nil {
 		q.Authorization = a
 	}
-	tc, err := rest.TLSConfigFor(cfg)
+	certOnly := &rest.Config{TLSClientConfig: rest.TLSClientConfig{
+		CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, CertData: cfg.CertData, KeyData: cfg.KeyData,
+	}}
+	tc, err := rest.TLSConfigFor(certOnly)
 	if err != nil {
 		return nil, fmt.Errorf("probe credentials: %w", err)
 	}
@@ -83,6 +88,22 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 		q.TLSConfig.GetClientCertificate = tc.GetClientCertificate
 	}
 	return &q, nil
+}
+
+// Credentials says how probes authenticate: "bearer token", "client
+// certificate", both, or "none".
+func (p *Prober) Credentials() string {
+	var kinds []string
+	if p.Authorization != nil {
+		kinds = append(kinds, "bearer token")
+	}
+	if p.TLSConfig != nil && (len(p.TLSConfig.Certificates) > 0 || p.TLSConfig.GetClientCertificate != nil) {
+		kinds = append(kinds, "client certificate")
+	}
+	if len(kinds) == 0 {
+		return "none"
+	}
+	return strings.Join(kinds, ", ")
 }
 
 // maxProbeResponse bounds how much of a /readyz response is read.

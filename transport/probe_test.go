@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/upstream"
@@ -56,9 +57,21 @@ func TestProbeWithCredentials(t *testing.T) {
 
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
-	byToken, err := anon.WithCredentials(&rest.Config{BearerTokenFile: tokenFile})
+	// As clientcmd loads a kubeconfig with tokenFile: both fields set, the
+	// file's content at start in BearerToken. The file wins.
+	byToken, err := anon.WithCredentials(&rest.Config{BearerTokenFile: tokenFile, BearerToken: "expired"})
 	require.NoError(t, err)
 	assert.NoError(t, byToken.Probe(t.Context(), addr))
+	assert.Equal(t, "bearer token", byToken.Credentials())
+	assert.Equal(t, "none", anon.Credentials())
+	// An unreadable file falls back to the token given.
+	byStatic, err := anon.WithCredentials(&rest.Config{BearerTokenFile: filepath.Join(t.TempDir(), "gone"), BearerToken: "s3cret"})
+	require.NoError(t, err)
+	assert.NoError(t, byStatic.Probe(t.Context(), addr))
+	// Exec plugins are not run for probes.
+	byExec, err := anon.WithCredentials(&rest.Config{ExecProvider: &clientcmdapi.ExecConfig{Command: "false", APIVersion: "client.authentication.k8s.io/v1"}})
+	require.NoError(t, err)
+	assert.Equal(t, "none", byExec.Credentials())
 
 	key, err := x509.MarshalECPrivateKey(pki.client.PrivateKey.(*ecdsa.PrivateKey))
 	require.NoError(t, err)
@@ -68,6 +81,11 @@ func TestProbeWithCredentials(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	assert.NoError(t, byCert.Probe(t.Context(), addr))
+	assert.Equal(t, "client certificate", byCert.Credentials())
+	// A CA in the rest.Config (absent here) is not loaded: the prober
+	// verifies servers with its own.
+	_, err = anon.WithCredentials(&rest.Config{BearerToken: "x", TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(t.TempDir(), "missing-ca.crt")}})
+	assert.NoError(t, err)
 
 	// The original is unchanged.
 	assert.Nil(t, anon.Authorization)

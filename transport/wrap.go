@@ -315,19 +315,25 @@ func proxied(cfg *rest.Config, u *url.URL) bool {
 // bearer returns the Authorization header source for probes, if cfg has a
 // bearer token.
 func bearer(cfg *rest.Config) func() string {
-	switch {
-	case cfg.BearerToken != "":
-		v := "Bearer " + cfg.BearerToken
-		return func() string { return v }
-	case cfg.BearerTokenFile != "":
+	static := ""
+	if cfg.BearerToken != "" {
+		static = "Bearer " + cfg.BearerToken
+	}
+	if cfg.BearerTokenFile != "" {
+		// A kubeconfig's tokenFile sets both: the file wins, re-read as it
+		// rotates (as client-go's own requests do); BearerToken is what was
+		// in it at start, used only while the file cannot be read.
 		ts := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
 		return func() string {
 			t, err := ts.Token()
 			if err != nil {
-				return ""
+				return static
 			}
 			return "Bearer " + t.AccessToken
 		}
+	}
+	if static != "" {
+		return func() string { return static }
 	}
 	return nil
 }

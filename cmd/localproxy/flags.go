@@ -286,7 +286,11 @@ func (o *options) config() (localproxy.Config, error) {
 	if prober != nil && base != nil && mode != transport.ProbeTCP {
 		// Clusters with anonymous auth off answer /readyz with 401.
 		if p, err := prober.WithCredentials(base); err != nil {
-			bad("kubeconfig", o.kubeconfig, err.Error())
+			if o.kubeconfig == "" {
+				errs = append(errs, usagef("the in-cluster service account's credentials: %v; set --kubeconfig", err))
+			} else {
+				bad("kubeconfig", o.kubeconfig, err.Error())
+			}
 		} else {
 			prober = p
 		}
