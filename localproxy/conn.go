@@ -69,12 +69,12 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 		p.log.V(2).Info("closing the connection without dialing", "client", c.client.RemoteAddr().String(), "err", err.Error())
 		return
 	}
-	seq := p.eventSeq()
+	seq, round := p.eventSeq(), p.hold.Round()
 	cands := p.pool.Candidates()
 	up, addr, err := p.dialer.DialAny(ctx, cands)
 	if err != nil {
 		if ctx.Err() == nil {
-			p.hold.Record(err)
+			p.hold.Failed(round, err)
 		}
 		p.m.rejected.WithLabelValues("no_endpoint").Inc()
 		p.log.Info("no endpoint accepted the connection", "client", c.client.RemoteAddr().String(), "err", err.Error())

@@ -149,7 +149,7 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			}
 			call = &dialCall{done: make(chan struct{})}
 			p.dialing[first] = call
-			go p.dial(first, cands, len(exclude) == 0, call)
+			go p.dial(first, cands, len(exclude) == 0, p.hold.Round(), call)
 		}
 		p.mu.Unlock()
 		select {
@@ -221,8 +221,9 @@ func closeAll(cs []*clientConn) {
 }
 
 // dial opens a connection to the first answering candidate and adds it to
-// the pool. all says whether cands is every endpoint of the pool.
-func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) {
+// the pool. all says whether cands is every endpoint of the pool; round
+// is the holdoff round it belongs to (Holdoff.Round).
+func (p *connPool) dial(first string, cands []string, all bool, round uint64, call *dialCall) {
 	plan := &dialPlan{candidates: cands}
 	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
 	cc, err := p.t.NewClientConn(ctx, "https", p.origin)
@@ -236,7 +237,7 @@ func (p *connPool) dial(first string, cands []string, all bool, call *dialCall) 
 	case err == nil:
 		p.hold.End()
 	case all && !errors.Is(err, errClosed):
-		p.hold.Record(err)
+		p.hold.Failed(round, err)
 	}
 	var c *clientConn
 	if err == nil {

@@ -27,6 +27,10 @@ type Holdoff struct {
 	mu     sync.Mutex
 	failed error // of the last round that failed on every endpoint
 	at     time.Time
+	// ended counts End calls: a round that began before the latest End
+	// (an endpoint came back, or another round succeeded) is out of date
+	// and its failure starts no holdoff.
+	ended uint64
 }
 
 // Err returns a non-nil error, wrapping the failed round's, while a holdoff
@@ -45,16 +49,34 @@ func (h *Holdoff) Err() error {
 	return nil
 }
 
-// Record reports the outcome of a dial that tried every endpoint: an error
-// starts a holdoff, nil ends it.
-func (h *Holdoff) Record(err error) {
+// Round is called before a dial that tries every endpoint; pass its result
+// to Failed if the dial fails.
+func (h *Holdoff) Round() uint64 {
 	h.mu.Lock()
-	h.failed, h.at = err, time.Now()
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	return h.ended
 }
 
-// End lets the next caller dial at once.
-func (h *Holdoff) End() { h.Record(nil) }
+// Failed reports that the dial begun at round failed on every endpoint: it
+// starts a holdoff, unless the holdoff was ended since round began (an
+// endpoint came back or another dial succeeded meanwhile).
+func (h *Holdoff) Failed(round uint64, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if round != h.ended {
+		return
+	}
+	h.failed, h.at = err, time.Now()
+}
+
+// End lets the next caller dial at once: a dial succeeded, or an endpoint
+// came back.
+func (h *Holdoff) End() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failed = nil
+	h.ended++
+}
 
 // OnEvent ends the holdoff when an endpoint becomes healthy or is added;
 // pass it pool events (upstream.Pool.Subscribe).

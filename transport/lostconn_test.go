@@ -121,7 +121,7 @@ func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	c := newCluster(t, 1)
 	s := c.servers[0]
-	f := wrap(t, c, transport.Options{ProbeInterval: 20 * time.Millisecond, Rise: 1, Fall: 1})
+	f := wrap(t, c, transport.Options{ProbeInterval: 60 * time.Millisecond, Rise: 1, Fall: 1})
 	mustGet(t, f, "/api")
 	s.kill()
 	var failedAt time.Time
