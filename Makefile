@@ -10,7 +10,7 @@ export KUBE_VERSION
 # Linters, fetched through the Go module proxy and pinned.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test unit e2e demo bench lint deps kube fmt vet tidy clean
+.PHONY: all test unit e2e demo bench image lint deps kube fmt vet tidy clean
 
 all: test
 
@@ -48,6 +48,11 @@ bench:
 	$(GO) test -run=NONE -bench=. -benchmem $(UNIT_PKGS)
 	@echo "==> peer benchmark (hack/bench)"
 	$(GO) run ./hack/bench
+
+## image: build the localproxy image from cmd/localproxy/deploy/Containerfile
+## with buildah and run it (installs buildah; a few minutes).
+image:
+	bash hack/tools/build-image.sh
 
 ## lint: gofmt, go vet, staticcheck.
 lint: vet
