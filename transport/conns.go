@@ -65,6 +65,10 @@ type clientConn struct {
 	// drain closes the connection if its requests are still running when
 	// the drain of its endpoint times out; stopped if the endpoint recovers.
 	drain *time.Timer
+	// keepAlone: the drain is for an endpoint that went down (not one that
+	// was removed): at the deadline the connection stays while no other
+	// endpoint is healthy.
+	keepAlone bool
 }
 
 type dialCall struct {
@@ -384,29 +388,54 @@ var gracefulDrain = 10 * time.Second
 
 // drainEndpoint retires the connections to addr and closes those still busy
 // after gracefulDrain, connections retired before included (when another
-// endpoint became preferred, or by a drain lifted when addr recovered). It
-// returns how many are busy.
-func (p *connPool) drainEndpoint(addr string) int {
+// endpoint became preferred, or by a drain lifted when addr recovered). If
+// addr went down (rather than being removed) a connection whose deadline
+// comes while no other endpoint is healthy stays, checked again every
+// drainRecheck: every server failing /readyz at once (etcd unavailable)
+// leaves nowhere better to go, and cutting every client's watches then
+// only adds a reconnection storm. It returns how many are busy.
+func (p *connPool) drainEndpoint(addr string, removed bool) int {
 	p.retire(func(a string) bool { return a == addr })
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	busy := p.conns[addr] // retire closed the idle ones
 	for _, c := range busy {
-		if c.drain == nil && !c.closedByPool {
-			// The callback takes p.mu, so it sees t assigned.
-			var t *time.Timer
-			t = time.AfterFunc(gracefulDrain, func() { p.closeDrained(c, t) })
-			c.drain = t
+		if c.closedByPool {
+			continue
+		}
+		if c.drain == nil {
+			c.keepAlone = !removed
+			p.armDrainLocked(c, gracefulDrain)
+		} else if removed {
+			c.keepAlone = false
 		}
 	}
 	return len(busy)
 }
 
+// drainRecheck is how often a drained connection kept because no other
+// endpoint was healthy is looked at again.
+const drainRecheck = time.Second
+
+func (p *connPool) armDrainLocked(c *clientConn, d time.Duration) {
+	// The callback takes p.mu, so it sees t assigned.
+	var t *time.Timer
+	t = time.AfterFunc(d, func() { p.closeDrained(c, t) })
+	c.drain = t
+}
+
 // closeDrained closes c when t, its drain timer, fired.
 func (p *connPool) closeDrained(c *clientConn, t *time.Timer) {
+	alone := !p.pool.Healthy() // before p.mu: the pool has its own lock
 	p.mu.Lock()
 	if c.drain != t || c.closedByPool { // stopped (and maybe drained again) meanwhile
 		p.mu.Unlock()
+		return
+	}
+	if c.keepAlone && alone && !p.closed {
+		p.armDrainLocked(c, drainRecheck)
+		p.mu.Unlock()
+		p.log.V(2).Info("keeping a drained connection: no other endpoint is healthy", "endpoint", c.addr)
 		return
 	}
 	c.drain = nil
@@ -451,7 +480,7 @@ func (p *connPool) onEvent(ev upstream.Event) {
 			// The server still answers, typically shutting down
 			// gracefully: no new requests go there, running ones finish
 			// (a POST cut here could not be retried).
-			if n := p.drainEndpoint(ev.Addr); n > 0 {
+			if n := p.drainEndpoint(ev.Addr, ev.Kind == upstream.EventRemoved); n > 0 {
 				p.m.failover("endpoint_draining")
 				p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "conns", n, "timeout", gracefulDrain)
 			}

@@ -380,6 +380,65 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 	}
 }
 
+// When every server fails /readyz (etcd unavailable) a drained stream is
+// not cut at the deadline: there is nowhere better to go. Once another
+// server is healthy again, it is.
+func TestDrainedStreamKeptWhileNoServerIsHealthy(t *testing.T) {
+	const drain = 1 * time.Second
+	defer transport.SetGracefulDrain(drain)()
+	c := newCluster(t, 2)
+	f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1})
+	victim := serving(t, c, f)
+	var other *server
+	for _, s := range c.servers {
+		if s != victim {
+			other = s
+		}
+	}
+	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+				io.WriteString(w, "event\n")
+				w.(http.Flusher).Flush()
+			}
+		}
+	})
+	resp, err := f.HTTPClient().Get("https://" + f.Origin() + "/api/v1/configmaps?watch=1")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	done := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+		}
+		done <- sc.Err()
+	}()
+
+	for _, s := range c.servers {
+		s.notReady.Store(true)
+	}
+	require.Eventually(t, func() bool { return !f.Pool().Healthy() }, 5*time.Second, 5*time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the stream was cut although no server was healthy: %v", err)
+	case <-time.After(drain + 2*time.Second):
+	}
+
+	other.notReady.Store(false)
+	require.Eventually(t, func() bool { return f.Pool().Usable(other.addr) }, 5*time.Second, 5*time.Millisecond)
+	select {
+	case err := <-done:
+		require.Error(t, err, "the stream must be cut, not end cleanly")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drained stream was not cut once another server was healthy")
+	}
+}
+
 func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {
 	c := newCluster(t, 3)
 	f := wrap(t, c, transport.Options{})
