@@ -139,13 +139,15 @@ func heal(ctx context.Context, bed *testbed.Bed) error {
 // passes.
 func waitUntil(ctx context.Context, limit time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return false
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
 	return true
@@ -223,6 +225,8 @@ func runFailover(ctx context.Context, e *env, path string, f fault, window time.
 	say("  %-9s %-10s %s on %s (serving)", f.name, path, f.what, victim.Addr())
 	sampled := false
 	var resumedAt time.Time
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		now := time.Now()
 		if row.MarkedDown == nil {
@@ -262,10 +266,11 @@ func runFailover(ctx context.Context, e *env, path string, f fault, window time.
 		if p.exited() {
 			return row, fmt.Errorf("%s exited during the run", path)
 		}
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return row, ctx.Err()
+		case <-tick.C:
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	end := time.Now()
 	row.Observed = round(end.Sub(t0).Seconds(), 1)

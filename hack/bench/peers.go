@@ -177,6 +177,8 @@ func startProc(ctx context.Context, name, logPath, addr string, path string, arg
 		close(p.done)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
@@ -189,7 +191,7 @@ func startProc(ctx context.Context, name, logPath, addr string, path string, arg
 		case <-ctx.Done():
 			p.stop()
 			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
 			p.stop()
