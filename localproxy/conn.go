@@ -36,7 +36,10 @@ type conn struct {
 	// drainAt the drain deadline of its endpoint, which is lifted if the
 	// endpoint recovers. The earlier of the two is set on both sides.
 	closeAt, drainAt time.Time
-	closed           bool
+	// marked: drained for an endpoint that went down; closed by the
+	// proxy's drain timer (Proxy.expireDrain), not a socket deadline.
+	marked bool
+	closed bool
 }
 
 // attach sets c's upstream. It returns false, closing tc, when c was closed
@@ -171,10 +174,24 @@ func (c *conn) drain(t time.Time) {
 	c.applyDeadlineLocked()
 }
 
-// undrain lifts the drain deadline: the endpoint is healthy again.
+// markDrained marks c drained for an endpoint that went down.
+func (c *conn) markDrained() {
+	c.mu.Lock()
+	c.marked = true
+	c.mu.Unlock()
+}
+
+func (c *conn) drained() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.marked
+}
+
+// undrain lifts the drain: the endpoint is healthy again.
 func (c *conn) undrain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.marked = false
 	if c.drainAt.IsZero() {
 		return
 	}

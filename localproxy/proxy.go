@@ -60,6 +60,9 @@ type Proxy struct {
 	// drainBy is the drain deadline of endpoints whose connections were
 	// drained when they went down or were removed, while any remain.
 	drainBy map[string]time.Time
+	// downDrains close the drained connections of endpoints that went
+	// down, at the deadline or later (see expireDrain).
+	downDrains map[string]*time.Timer
 }
 
 // New validates cfg and returns a proxy. It opens no sockets and starts no
@@ -77,6 +80,7 @@ func New(cfg Config) (*Proxy, error) {
 		byUpstream: make(map[string]map[*conn]struct{}),
 		downAt:     make(map[string]uint64),
 		drainBy:    make(map[string]time.Time),
+		downDrains: make(map[string]*time.Timer),
 	}
 	poolCfg := cfg.Pool
 	if poolCfg.Prober != nil {
@@ -194,6 +198,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		ln.Close()
 	}
 	loops.Wait()
+	p.stopDrains()
 	p.drain(&handlers, stopConns)
 	cancel()
 	bg.Wait()
@@ -406,15 +411,81 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 		if len(p.byUpstream[ev.Addr]) > 0 {
 			p.drainBy[ev.Addr] = deadline
 		}
+		if ev.Kind == upstream.EventDown && p.downDrains[ev.Addr] == nil && !p.stopping.Load() {
+			p.armDownDrainLocked(ev.Addr, d)
+		}
 		p.mu.Unlock()
 		for _, c := range cs {
-			c.drain(deadline)
+			if ev.Kind == upstream.EventDown {
+				c.markDrained()
+			} else {
+				// Removed: closed by the deadline whatever else is up.
+				c.drain(deadline)
+			}
 		}
 		return
 	}
 	p.log.Info("closing connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", len(cs))
 	for _, c := range cs {
 		c.close()
+	}
+}
+
+// drainRecheck is how often the drained connections of an endpoint that
+// went down are looked at again once their deadline passed while no other
+// endpoint was healthy.
+const drainRecheck = time.Second
+
+func (p *Proxy) armDownDrainLocked(addr string, d time.Duration) {
+	// The callback takes p.mu, so it sees t assigned.
+	var t *time.Timer
+	t = time.AfterFunc(d, func() { p.expireDrain(addr, t) })
+	p.downDrains[addr] = t
+}
+
+// expireDrain closes the drained connections to addr, which went down,
+// when t, its drain timer, fires, unless no endpoint is healthy: every
+// server failing /readyz at once (etcd unavailable) leaves nowhere better
+// to go, and cutting every client then only adds a reconnection storm.
+// Those stay and are looked at again every drainRecheck.
+func (p *Proxy) expireDrain(addr string, t *time.Timer) {
+	alone := !p.pool.Healthy() // before p.mu: the pool has its own lock
+	p.mu.Lock()
+	if p.downDrains[addr] != t {
+		p.mu.Unlock()
+		return
+	}
+	if alone && !p.stopping.Load() {
+		p.armDownDrainLocked(addr, drainRecheck)
+		p.mu.Unlock()
+		p.log.V(2).Info("keeping drained connections: no other endpoint is healthy", "endpoint", addr)
+		return
+	}
+	delete(p.downDrains, addr)
+	var cs []*conn
+	for c := range p.byUpstream[addr] {
+		cs = append(cs, c)
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, c := range cs {
+		if c.drained() {
+			c.close()
+			n++
+		}
+	}
+	if n > 0 {
+		p.log.Info("drain deadline passed; closed connections to endpoint", "endpoint", addr, "conns", n)
+	}
+}
+
+// stopDrains stops the drain timers (shutdown: every connection closes).
+func (p *Proxy) stopDrains() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, t := range p.downDrains {
+		t.Stop()
+		delete(p.downDrains, addr)
 	}
 }
 
@@ -425,6 +496,11 @@ func (p *Proxy) undrain(addr string) {
 	p.mu.Lock()
 	_, draining := p.drainBy[addr]
 	delete(p.drainBy, addr)
+	if t := p.downDrains[addr]; t != nil {
+		t.Stop()
+		delete(p.downDrains, addr)
+		draining = true
+	}
 	var cs []*conn
 	if draining {
 		for c := range p.byUpstream[addr] {

@@ -376,6 +376,50 @@ func TestDrainLiftedWhenEndpointRecovers(t *testing.T) {
 	assert.False(t, closedByPeer(c))
 }
 
+// When every endpoint fails /readyz at once (etcd unavailable) the drained
+// connections are not closed at the deadline: there is nowhere better to
+// go. Once another endpoint is healthy they are.
+func TestDrainKeptWhileNoEndpointIsHealthy(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	pr := newProber()
+	const drain = 300 * time.Millisecond
+	r := start(t, localproxy.Config{
+		Endpoints:    []string{a.addr(), b.addr()},
+		Pool:         upstream.Config{Prober: pr, Interval: 10 * time.Millisecond, Timeout: 5 * time.Millisecond, Fall: 1, Rise: 1},
+		DrainTimeout: drain,
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "hello"))
+	var first, other string
+	require.Eventually(t, func() bool {
+		for _, s := range r.Status().Upstreams {
+			if s.Conns == 1 {
+				first = s.Addr
+			}
+		}
+		return first != ""
+	}, 10*time.Second, 5*time.Millisecond)
+	for _, e := range []string{a.addr(), b.addr()} {
+		if e != first {
+			other = e
+		}
+	}
+
+	// Not a ReadyzError: those drain for GracefulDrainTimeout (10 s)
+	// whatever DrainTimeout says.
+	down := errors.New("probe failed")
+	pr.set(first, down)
+	pr.set(other, down)
+	require.Eventually(t, func() bool { return !r.Pool().Healthy() }, 10*time.Second, time.Millisecond)
+	time.Sleep(3 * drain)
+	require.NoError(t, roundTrip(c, "kept past the deadline: nowhere better to go"))
+
+	pr.set(other, nil)
+	require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, 5*time.Millisecond,
+		"the drained connection closes once another endpoint is healthy")
+}
+
 func TestDialFailureGoesToNextEndpoint(t *testing.T) {
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
