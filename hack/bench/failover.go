@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -110,31 +109,6 @@ func secs(d time.Duration) *float64 {
 	return &v
 }
 
-// heal undoes every fault and restarts stopped apiservers, so that a run
-// starts with all of them healthy and listed.
-func heal(ctx context.Context, bed *testbed.Bed) error {
-	var errs []error
-	for _, s := range bed.APIServers() {
-		errs = append(errs, s.Resume(), s.Restore())
-	}
-	for _, s := range bed.APIServers() {
-		if !s.Running() {
-			errs = append(errs, s.Restart(ctx))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	var want []string
-	for _, s := range bed.APIServers() {
-		want = append(want, s.Addr())
-		if err := s.Readyz(ctx); err != nil {
-			return fmt.Errorf("%s: %w", s.Name(), err)
-		}
-	}
-	return bed.WaitEndpoints(ctx, want, 60*time.Second)
-}
-
 // waitUntil polls cond every 100ms until it holds, ctx ends or limit
 // passes.
 func waitUntil(ctx context.Context, limit time.Duration, cond func() bool) bool {
@@ -158,7 +132,7 @@ func waitUntil(ctx context.Context, limit time.Duration, cond func() bool) bool 
 // apiserver. A returned error means nothing could be measured.
 func runFailover(ctx context.Context, e *env, path string, f fault, window time.Duration, say func(string, ...any)) (row FailoverRow, err error) {
 	row = FailoverRow{Fault: f.name, Path: path}
-	if err := heal(ctx, e.bed); err != nil {
+	if err := e.bed.Heal(ctx); err != nil {
 		return row, fmt.Errorf("heal before the run: %w", err)
 	}
 	p, err := startPath(ctx, e, path, filepath.Join(e.dir, "failover", f.name, path))

@@ -30,7 +30,7 @@ func TestClients(t *testing.T) {
 	defer cancel()
 	bed := startBed(t, ctx)
 	t.Run("controller-runtime manager", func(t *testing.T) { controllerRuntime(t, ctx, bed) })
-	if err := heal(ctx, bed); err != nil {
+	if err := bed.Heal(ctx); err != nil {
 		t.Fatalf("heal: %v", err)
 	}
 	t.Run("Alt-Svc front proxy", func(t *testing.T) { altSvcFrontProxy(t, ctx, bed) })

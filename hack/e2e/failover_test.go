@@ -45,7 +45,7 @@ func TestFailover(t *testing.T) {
 					r.Passed = !t.Failed()
 					r.DurationSeconds = math.Round(time.Since(began).Seconds()*1000) / 1000
 				})
-				if err := heal(ctx, bed); err != nil {
+				if err := bed.Heal(ctx); err != nil {
 					r.Error = err.Error()
 					t.Fatalf("heal before the scenario: %v", err)
 				}

@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -294,31 +293,6 @@ func (e *env) logTimeline(r workload.Results, t0 time.Time) {
 		fmt.Fprintf(&b, "\n  (%d failed requests in all)", failed)
 	}
 	e.t.Logf("timeline (t0 = fault):%s", b.String())
-}
-
-// heal undoes every fault and restarts stopped apiservers, so the next
-// scenario starts with all of them healthy and listed.
-func heal(ctx context.Context, bed *testbed.Bed) error {
-	errs := []error{bed.ResumeEtcd()}
-	for _, s := range bed.APIServers() {
-		errs = append(errs, s.Resume(), s.Restore())
-	}
-	for _, s := range bed.APIServers() {
-		if !s.Running() {
-			errs = append(errs, s.Restart(ctx))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	var want []string
-	for _, s := range bed.APIServers() {
-		want = append(want, s.Addr())
-		if err := s.Readyz(ctx); err != nil {
-			return fmt.Errorf("%s: %w", s.Name(), err)
-		}
-	}
-	return bed.WaitEndpoints(ctx, want, 60*time.Second)
 }
 
 func others(bed *testbed.Bed, not ...*testbed.APIServer) []*testbed.APIServer {

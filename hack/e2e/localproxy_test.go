@@ -78,11 +78,11 @@ func kubectlRounds(t *testing.T, ctx context.Context, bed *testbed.Bed, kubeconf
 // while the preferred apiserver is killed and then the next one is
 // blackholed.
 func testKubectlUnderFaults(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	if err := heal(ctx, bed); err != nil {
+	if err := bed.Heal(ctx); err != nil {
 		t.Fatalf("heal: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := heal(context.WithoutCancel(ctx), bed); err != nil {
+		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
 			t.Errorf("heal: %v", err)
 		}
 	})
@@ -189,11 +189,11 @@ func testDeployDryRun(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 // that `localproxy status` lists every apiserver and that SIGTERM stops it
 // cleanly.
 func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	if err := heal(ctx, bed); err != nil {
+	if err := bed.Heal(ctx); err != nil {
 		t.Fatalf("heal: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := heal(context.WithoutCancel(ctx), bed); err != nil {
+		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
 			t.Errorf("heal: %v", err)
 		}
 	})

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -198,4 +199,31 @@ func (b *Bed) ResumeEtcd() error {
 	}
 	b.etcdPaused = false
 	return nil
+}
+
+// Heal undoes every fault (a paused etcd, hung, blackholed or rejecting
+// apiservers) and restarts stopped apiservers, then waits until each
+// answers /readyz and the kubernetes EndpointSlice lists them all: a
+// scenario or benchmark run after it starts from a healthy control plane.
+func (b *Bed) Heal(ctx context.Context) error {
+	errs := []error{b.ResumeEtcd()}
+	for _, s := range b.APIServers() {
+		errs = append(errs, s.Resume(), s.Restore())
+	}
+	for _, s := range b.APIServers() {
+		if !s.Running() {
+			errs = append(errs, s.Restart(ctx))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	var want []string
+	for _, s := range b.APIServers() {
+		want = append(want, s.Addr())
+		if err := s.Readyz(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.Name(), err)
+		}
+	}
+	return b.WaitEndpoints(ctx, want, 60*time.Second)
 }
