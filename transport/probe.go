@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 
 	"k8s.io/client-go/rest"
 
@@ -56,6 +57,15 @@ type Prober struct {
 	// for /readyz (kube-apiserver serves /readyz to anonymous users by
 	// default; clusters with anonymous auth off need credentials).
 	Authorization func() string
+
+	// sessions holds a TLS session cache per endpoint, so that probes
+	// resume TLS sessions (unless TLSConfig has a ClientSessionCache of
+	// its own): a resumed handshake skips the certificate chain and its
+	// signature checks, most of a probe's cost. A cache per endpoint
+	// because crypto/tls keys sessions by server name, which every
+	// endpoint shares, and only the server that issued a ticket can
+	// resume it (so a resumed session is still that server).
+	sessions sync.Map // endpoint address -> tls.ClientSessionCache
 }
 
 var _ upstream.Prober = (*Prober)(nil)
@@ -67,7 +77,7 @@ var _ upstream.Prober = (*Prober)(nil)
 // those, probes stay anonymous (see Credentials). cfg's CA is not used;
 // p.TLSConfig verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
-	q := *p
+	q := Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization}
 	if a := bearer(cfg); a != nil {
 		q.Authorization = a
 	}
@@ -125,6 +135,9 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 		raw.SetDeadline(deadline)
 	}
 	cfg := p.TLSConfig.Clone()
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = p.sessionCache(addr)
+	}
 	if p.Mode != ProbeTLS {
 		cfg.NextProtos = []string{"http/1.1"}
 	}
@@ -139,6 +152,15 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 		return nil
 	}
 	return p.readyz(ctx, conn)
+}
+
+// sessionCache returns addr's TLS session cache.
+func (p *Prober) sessionCache(addr string) tls.ClientSessionCache {
+	if c, ok := p.sessions.Load(addr); ok {
+		return c.(tls.ClientSessionCache)
+	}
+	c, _ := p.sessions.LoadOrStore(addr, tls.NewLRUClientSessionCache(1))
+	return c.(tls.ClientSessionCache)
 }
 
 func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {

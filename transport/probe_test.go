@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,4 +135,91 @@ func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
 	require.Error(t, err)
 	assert.False(t, transport.IsReadyzError(err), "no TLS handshake: %v", err)
 	assert.False(t, transport.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: stopped.Addr().String(), Err: err}))
+}
+
+// readyzServer serves /readyz over TLS with cert on addr ("127.0.0.1:0" for
+// any port) and records whether each handshake resumed a session.
+func readyzServer(t testing.TB, addr string, cert tls.Certificate) (string, *[]bool, func()) {
+	ln, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var resumed []bool
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		resumed = append(resumed, r.TLS.DidResume)
+		mu.Unlock()
+		w.Write([]byte("ok"))
+	})}
+	go srv.Serve(ln)
+	stop := func() { srv.Close() }
+	t.Cleanup(stop)
+	return ln.Addr().String(), &resumed, stop
+}
+
+// Probes resume TLS sessions per endpoint (cheaper than a full handshake);
+// a different server at the same address cannot resume one and is fully
+// verified.
+func TestProbeResumesTLSSessions(t *testing.T) {
+	pki := newPKI(t)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	pr := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	a, resumedA, stopA := readyzServer(t, "127.0.0.1:0", pki.cert)
+	b, resumedB, _ := readyzServer(t, "127.0.0.1:0", pki.cert)
+	for range 3 {
+		require.NoError(t, pr.Probe(t.Context(), a))
+		require.NoError(t, pr.Probe(t.Context(), b))
+	}
+	assert.Equal(t, []bool{false, true, true}, *resumedA)
+	assert.Equal(t, []bool{false, true, true}, *resumedB, "the endpoints share a server name: one cache each")
+
+	stopA()
+	_, _, _ = readyzServer(t, a, pki.wrong) // an impostor on the same address
+	err := pr.Probe(t.Context(), a)
+	require.ErrorIs(t, err, upstream.ErrCertificate, "a cached session must not vouch for another server")
+}
+
+// noSessions is a session cache that keeps nothing: every handshake full.
+type noSessions struct{}
+
+func (noSessions) Get(string) (*tls.ClientSessionState, bool) { return nil, false }
+func (noSessions) Put(string, *tls.ClientSessionState)        {}
+
+// BenchmarkProbe compares a /readyz probe that resumes its TLS session
+// (the default) with one that makes a full handshake each time, against
+// the same server in the same run; "ratio" is resumed/full.
+func BenchmarkProbe(b *testing.B) {
+	pki := newPKI(b)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pki.caPEM)
+	addr, _, _ := readyzServer(b, "127.0.0.1:0", pki.cert)
+	resumed := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	full := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName, ClientSessionCache: noSessions{}}, Host: originName}
+	probe := func(b *testing.B, p *transport.Prober) {
+		if err := p.Probe(b.Context(), addr); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("full", func(b *testing.B) {
+		for b.Loop() {
+			probe(b, full)
+		}
+	})
+	b.Run("resumed", func(b *testing.B) {
+		for b.Loop() {
+			probe(b, resumed)
+		}
+	})
+	b.Run("ratio", func(b *testing.B) {
+		var tf, tr time.Duration
+		for b.Loop() {
+			s := time.Now()
+			probe(b, full)
+			tf += time.Since(s)
+			s = time.Now()
+			probe(b, resumed)
+			tr += time.Since(s)
+		}
+		b.ReportMetric(float64(tr)/float64(tf), "ratio")
+	})
 }

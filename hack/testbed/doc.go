@@ -48,6 +48,9 @@
 //     /readyz waits for etcd (--etcd-readycheck-timeout, 2 s): a 500 ms
 //     probe times out on all of them at once. Quorum reads and writes wait
 //     and succeed after SIGCONT.
+//   - kube-apiserver issues TLS 1.3 session tickets: a client with a
+//     session cache resumes on its second connection to the same server
+//     (not on another: each has its own ticket keys).
 //   - /readyz, /livez, /healthz and /version are readable anonymously
 //     (system:public-info-viewer).
 //   - The Node authorizer gives a node (system:node:<name> in system:nodes)

@@ -2,8 +2,11 @@ package testbed_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -149,6 +152,33 @@ func TestSmoke(t *testing.T) {
 				t.Errorf("%s: %v", s.Name(), err)
 			}
 			expectWorks(t, ctx, bed, s)
+		}
+	})
+
+	// apifailover's probes resume TLS sessions; kube-apiserver must issue
+	// session tickets for that to save anything. One cache per server: a
+	// ticket resumes only on the server that issued it.
+	t.Run("TLS session resumption", func(t *testing.T) {
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(bed.CAPEM())
+		for _, s := range servers {
+			cfg := &tls.Config{RootCAs: roots, ServerName: bed.OriginName(), ClientSessionCache: tls.NewLRUClientSessionCache(1)}
+			var resumed []bool
+			for range 2 {
+				c, err := tls.Dial("tcp", s.Addr(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// TLS 1.3 tickets arrive after the handshake: read until
+				// the server has sent them (an HTTP/1.1 request does it).
+				io.WriteString(c, "GET /readyz HTTP/1.1\r\nHost: "+bed.OriginName()+"\r\nConnection: close\r\n\r\n")
+				io.Copy(io.Discard, c)
+				resumed = append(resumed, c.ConnectionState().DidResume)
+				c.Close()
+			}
+			if !slices.Equal(resumed, []bool{false, true}) {
+				t.Errorf("%s: resumed %v on two handshakes, want [false true]", s.Name(), resumed)
+			}
 		}
 	})
 
