@@ -181,6 +181,27 @@ func toolScript(name string) (string, error) {
 	return "", fmt.Errorf("hack/tools/%s not found (looked in %s)", name, strings.Join(candidates, ", "))
 }
 
+// Prepare installs (opts.InstallDeps: etcd, iptables, iproute2 with
+// hack/tools/ensure-deps.sh) and builds (kube-apiserver and kubectl for
+// opts.Version) what Start needs. Call it before ReexecInNetns: inside the
+// private network namespace neither apt nor the Go module proxy can be
+// reached. Progress goes to opts.Log.
+func Prepare(ctx context.Context, opts Options) error {
+	log := opts.Log
+	if log == nil {
+		log = io.Discard
+	}
+	if _, err := ensureHostTools(ctx, opts.EtcdPath, opts.InstallDeps, log); err != nil {
+		return err
+	}
+	version := opts.Version
+	if version == "" {
+		version = DefaultVersion
+	}
+	_, err := ensureKube(ctx, version, opts.KubeBinDir, log)
+	return err
+}
+
 // CheckPrerequisites reports what Start would have to install or build
 // for opts (nil: nothing), without installing or building anything. Tests
 // use it to skip politely when the environment is not prepared.

@@ -99,10 +99,12 @@ trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive
 export RUNLEVEL=1
+# Several test binaries may get here at once: wait for apt's lock.
+apt_wait=(-o DPkg::Lock::Timeout=600)
 log "apt-get update"
-apt-get update -q >&2
+apt-get "${apt_wait[@]}" update -q >&2
 log "apt-get install -y ${missing[*]}"
-apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+apt-get "${apt_wait[@]}" install -y -q --no-install-recommends "${missing[@]}" >&2
 
 # Belt and braces: make sure no packaged etcd is running or enabled.
 if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then

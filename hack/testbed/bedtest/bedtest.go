@@ -20,6 +20,14 @@ var netnsErr error
 // (testbed.ReexecInNetns). after, if set, runs after the tests with their
 // exit code and returns the one to exit with.
 func Main(m *testing.M, after func(code int) int) {
+	if Strict() && os.Geteuid() == 0 && !testbed.InNetns() {
+		// Install and build now, while the network is reachable: the
+		// tests run in a private network namespace.
+		if err := testbed.Prepare(context.Background(), testbed.Options{InstallDeps: true, Log: os.Stderr}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	if err := testbed.ReexecInNetns(); err != nil {
 		if Strict() {
 			fmt.Fprintln(os.Stderr, err)
