@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/rest"
 
+	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -130,7 +131,10 @@ type Config struct {
 	// DefaultMaxConnections (10000). If negative, unlimited.
 	MaxConnections int
 	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
-	// addresses to upstreams.
+	// addresses to upstreams, for endpoints behind a shared proxy that
+	// routes by SNI and requires the header. Health probes of a
+	// *transport.Prober without a DialContext of its own then send the
+	// LOCAL header (see ProbeDialer), so those endpoints accept them too.
 	ProxyProtocol ProxyProtocol
 
 	// KeepAlive is the TCP keepalive idle time and interval of client
@@ -190,8 +194,17 @@ func (c *Config) setDefaults() error {
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("localproxy: DrainTimeout %v must not be negative", c.DrainTimeout)
 	}
-	if _, err := ParseProxyProtocol(string(c.ProxyProtocol)); err != nil {
+	pp, err := ParseProxyProtocol(string(c.ProxyProtocol))
+	if err != nil {
 		return fmt.Errorf("localproxy: %w", err)
+	}
+	c.ProxyProtocol = pp
+	if pr, ok := c.Pool.Prober.(*transport.Prober); ok && c.ProxyProtocol != ProxyProtocolNone && pr.DialContext == nil {
+		dial, err := ProbeDialer(c.ProxyProtocol)
+		if err != nil {
+			return fmt.Errorf("localproxy: %w", err)
+		}
+		c.Pool.Prober = pr.WithDialContext(dial)
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()

@@ -1,10 +1,12 @@
 package localproxy
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 )
 
 // proxyV2Signature starts every PROXY protocol v2 header.
@@ -46,4 +48,48 @@ func proxyHeader(v ProxyProtocol, src, dst net.Addr) ([]byte, error) {
 		return b, nil
 	}
 	return nil, fmt.Errorf("PROXY protocol: unknown version %q", v)
+}
+
+// localHeader returns the PROXY protocol header of a connection the proxy
+// opens on its own behalf (a health probe), which carries no client
+// addresses: v1 "PROXY UNKNOWN", v2 the LOCAL command. The receiver uses
+// the connection's own addresses.
+func localHeader(v ProxyProtocol) ([]byte, error) {
+	switch v {
+	case ProxyProtocolV1:
+		return []byte("PROXY UNKNOWN\r\n"), nil
+	case ProxyProtocolV2:
+		b := append([]byte(nil), proxyV2Signature...)
+		// Version 2, LOCAL command; AF_UNSPEC, UNSPEC; no addresses.
+		return append(b, 0x20, 0x00, 0x00, 0x00), nil
+	}
+	return nil, fmt.Errorf("PROXY protocol: no header for version %q", v)
+}
+
+// ProbeDialer returns a dial function for health probes (see
+// transport.Prober.DialContext) that sends v's LOCAL header on each new
+// connection, so that endpoints behind a proxy requiring the PROXY
+// protocol accept probes as they accept proxied clients. New uses it for
+// a *transport.Prober when Config.ProxyProtocol is set.
+func ProbeDialer(v ProxyProtocol) (func(ctx context.Context, network, address string) (net.Conn, error), error) {
+	hdr, err := localHeader(v)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		var nd net.Dialer
+		nc, err := nd.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		if d, ok := ctx.Deadline(); ok {
+			nc.SetWriteDeadline(d)
+		}
+		if _, err := nc.Write(hdr); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("sending the PROXY protocol header: %w", err)
+		}
+		nc.SetWriteDeadline(time.Time{})
+		return nc, nil
+	}, nil
 }

@@ -57,6 +57,10 @@ type Prober struct {
 	// for /readyz (kube-apiserver serves /readyz to anonymous users by
 	// default; clusters with anonymous auth off need credentials).
 	Authorization func() string
+	// DialContext, if set, opens a probe's TCP connection, e.g. to send a
+	// PROXY protocol header first to endpoints behind a proxy that requires
+	// one. If nil, a net.Dialer.
+	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
 
 	// sessions holds a TLS session cache per endpoint, so that probes
 	// resume TLS sessions (unless TLSConfig has a ClientSessionCache of
@@ -77,7 +81,7 @@ var _ upstream.Prober = (*Prober)(nil)
 // those, probes stay anonymous (see Credentials). cfg's CA is not used;
 // p.TLSConfig verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
-	q := Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization}
+	q := p.copy()
 	if a := bearer(cfg); a != nil {
 		q.Authorization = a
 	}
@@ -97,7 +101,20 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 		q.TLSConfig.Certificates = tc.Certificates
 		q.TLSConfig.GetClientCertificate = tc.GetClientCertificate
 	}
-	return &q, nil
+	return q, nil
+}
+
+// WithDialContext returns a copy of p whose probes open their connections
+// with dial.
+func (p *Prober) WithDialContext(dial func(ctx context.Context, network, address string) (net.Conn, error)) *Prober {
+	q := p.copy()
+	q.DialContext = dial
+	return q
+}
+
+// copy returns p's settings without its session caches.
+func (p *Prober) copy() *Prober {
+	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client
@@ -122,8 +139,12 @@ const maxProbeResponse = 64 << 10
 // Probe runs one check against addr. It honours ctx's deadline for every
 // step. Certificate failures wrap upstream.ErrCertificate.
 func (p *Prober) Probe(ctx context.Context, addr string) error {
-	var nd net.Dialer
-	raw, err := nd.DialContext(ctx, "tcp", addr)
+	dial := p.DialContext
+	if dial == nil {
+		var nd net.Dialer
+		dial = nd.DialContext
+	}
+	raw, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
