@@ -114,10 +114,59 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 }
 
 // parseFlags parses args, then fills every flag not given from its
-// environment variable.
+// environment variable. A value that does not parse, an unknown flag or a
+// missing value is a usageError naming the input and what is allowed; the
+// flag package prints nothing but -help.
 func parseFlags(fs *flag.FlagSet, o *options, args []string, getenv func(string) string) error {
+	err := parseChecked(fs, o, args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(fs)
+	}
+	return err
+}
+
+// parseChecked is parseFlags with every flag.Value wrapped in a
+// checkedValue and the flag package silenced, which would print its own
+// message and the whole usage; both are undone on return, so that -help
+// lists the flags' own types and defaults.
+func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(string) string) error {
+	var failed *valueError // the flag package keeps only the text of Set's error
+	var wrapped []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		f.Value = &checkedValue{Value: f.Value, name: f.Name, failed: &failed}
+		wrapped = append(wrapped, f)
+	})
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	defer func() {
+		for _, f := range wrapped {
+			f.Value = f.Value.(*checkedValue).Value
+		}
+		fs.SetOutput(out)
+		fs.Usage = usage
+	}()
+
 	if err := fs.Parse(args); err != nil {
-		return err
+		switch msg := err.Error(); {
+		case errors.Is(err, flag.ErrHelp):
+			return err
+		case failed != nil:
+			return failed.usage("--" + failed.name)
+		case strings.HasPrefix(msg, "flag provided but not defined: -"):
+			return usagef("unknown flag --%s; want one of the flags '%s -help' lists",
+				strings.TrimPrefix(msg, "flag provided but not defined: -"), fs.Name())
+		case strings.HasPrefix(msg, "flag needs an argument: -"):
+			name := strings.TrimPrefix(msg, "flag needs an argument: -")
+			want := "a value"
+			if f := fs.Lookup(name); f != nil {
+				if a := allowed(f.Value.(*checkedValue).Value, name); a != "" {
+					want = a
+				}
+			}
+			return usagef("invalid --%s: missing value; want %s", name, want)
+		}
+		return usagef("%v", err)
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q (flags only; the only subcommand is status, given first)", fs.Arg(0))
@@ -135,12 +184,144 @@ func parseFlags(fs *flag.FlagSet, o *options, args []string, getenv func(string)
 			return
 		}
 		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, usagef("invalid %s=%q: %v", env, v, err))
+			var ve *valueError
+			if errors.As(err, &ve) {
+				errs = append(errs, ve.usage(env))
+			} else {
+				errs = append(errs, usagef("invalid %s: %v", input(env, f.Name, v), err))
+			}
 			return
 		}
 		o.from[f.Name] = env
 	})
 	return errors.Join(errs...)
+}
+
+// printUsage prints the usage as the flag package does.
+func printUsage(fs *flag.FlagSet) {
+	if fs.Usage != nil {
+		fs.Usage()
+		return
+	}
+	fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+	fs.PrintDefaults()
+}
+
+// checkedValue wraps a flag.Value while parsing: a value that does not
+// parse as the flag's kind becomes a valueError saying what the kind
+// allows, the one place these messages come from.
+type checkedValue struct {
+	flag.Value
+	name   string
+	failed **valueError // set to the last failure
+}
+
+func (v *checkedValue) Set(s string) error {
+	err := v.Value.Set(s)
+	if err == nil {
+		return nil
+	}
+	ve := &valueError{name: v.name, value: s, problem: problem(v.Value, s, err), want: allowed(v.Value, v.name)}
+	*v.failed = ve
+	return ve
+}
+
+// IsBoolFlag lets a wrapped bool flag go without a value: --enable-discovery.
+func (v *checkedValue) IsBoolFlag() bool {
+	b, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// valueError is a flag or environment value that does not parse.
+type valueError struct {
+	name, value   string
+	problem, want string // want is empty for a kind not known here
+}
+
+func (e *valueError) Error() string {
+	if e.want == "" {
+		return e.problem
+	}
+	return e.problem + "; want " + e.want
+}
+
+// usage is the error as given by src, "--flag" or the variable's name.
+func (e *valueError) usage(src string) error {
+	return usagef("invalid %s: %v", input(src, e.name, e.value), e)
+}
+
+// problem says why s is no value of v's kind; err is v.Set's error.
+func problem(v flag.Value, s string, err error) string {
+	switch kindOf(v).(type) {
+	case time.Duration:
+		return "not a duration"
+	case bool:
+		return "not a boolean"
+	case int, int64:
+		if _, err := strconv.ParseInt(s, 0, 64); errors.Is(err, strconv.ErrRange) {
+			return "out of range"
+		}
+		return "not a whole number"
+	}
+	return err.Error()
+}
+
+// allowed says what values flag name of v's kind takes, "" for a kind not
+// known here. For ints, config checks the same range.
+func allowed(v flag.Value, name string) string {
+	switch kindOf(v).(type) {
+	case time.Duration:
+		return "a Go duration with a unit, such as 1s, 500ms or 2m"
+	case bool:
+		return "true or false"
+	case int, int64:
+		if r, ok := intRanges[name]; ok {
+			return r.String()
+		}
+		return "a whole number"
+	}
+	return ""
+}
+
+func kindOf(v flag.Value) any {
+	if g, ok := v.(flag.Getter); ok {
+		return g.Get()
+	}
+	return nil
+}
+
+// intRanges are the values the int flags allow.
+var intRanges = map[string]intRange{
+	"bind-port":       portRange,
+	"health-port":     portRange,
+	"rise":            {min: 1},
+	"fall":            {min: 1},
+	"max-connections": {min: 1},
+}
+
+// intRange is min to max, or at least min if max is 0.
+type intRange struct{ min, max int }
+
+var portRange = intRange{1, 65535}
+
+func (r intRange) contains(n int) bool { return n >= r.min && (r.max == 0 || n <= r.max) }
+
+func (r intRange) String() string {
+	switch {
+	case r == portRange:
+		return "a port number 1-65535"
+	case r.max == 0:
+		return fmt.Sprintf("a whole number, at least %d", r.min)
+	}
+	return fmt.Sprintf("a whole number %d-%d", r.min, r.max)
+}
+
+// oneOf lists the words a string flag allows: "a, b or c".
+func oneOf(words ...string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
 // src names where a flag's value came from, for messages.
@@ -151,10 +332,33 @@ func (o *options) src(name string) string {
 	return "--" + name
 }
 
+// input names a value and where it came from, for messages: --rise=0, or
+// LOCALPROXY_RISE=0 (--rise) when src is not the flag itself.
+func input(src, name string, value any) string {
+	s := src + "=" + quoteIfString(value)
+	if src != "--"+name {
+		s += " (--" + name + ")"
+	}
+	return s
+}
+
+// input names the value of flag name and where it came from.
+func (o *options) input(name string, value any) string {
+	return input(o.src(name), name, value)
+}
+
 // bad returns a usage error naming the flag (or variable), the value and
 // what is allowed.
 func (o *options) bad(name string, value any, allowed string) error {
-	return usagef("invalid %s=%v: %s", o.src(name), quoteIfString(value), allowed)
+	return usagef("invalid %s: %s", o.input(name, value), allowed)
+}
+
+// checkInt reports an int flag outside its range in intRanges.
+func (o *options) checkInt(name string, n int) error {
+	if r := intRanges[name]; !r.contains(n) {
+		return o.bad(name, n, "want "+r.String())
+	}
+	return nil
 }
 
 func quoteIfString(v any) string {
@@ -192,15 +396,15 @@ func (o *options) config() (localproxy.Config, error) {
 	}
 
 	// Listeners.
-	portOK := func(name string, p int) bool {
-		if p < 1 || p > 65535 {
-			bad(name, p, "want a port number 1-65535")
+	checkInt := func(name string, n int) bool {
+		if err := o.checkInt(name, n); err != nil {
+			errs = append(errs, err)
 			return false
 		}
 		return true
 	}
-	bindOK := portOK("bind-port", o.bindPort)
-	healthOK := portOK("health-port", o.healthPort)
+	bindOK := checkInt("bind-port", o.bindPort)
+	healthOK := checkInt("health-port", o.healthPort)
 	var binds []netip.Addr
 	for _, a := range splitList(o.bindAddress) {
 		ip, err := netip.ParseAddr(a)
@@ -219,11 +423,15 @@ func (o *options) config() (localproxy.Config, error) {
 		bad("health-bind-address", o.healthBindAddress, "want an IP address, e.g. 127.0.0.1")
 	} else {
 		cfg.HealthAddress = net.JoinHostPort(hip.String(), strconv.Itoa(o.healthPort))
+		// One port may serve both on addresses that do not overlap; an
+		// unspecified address overlaps every other.
 		if bindOK && healthOK && o.bindPort == o.healthPort {
 			for _, b := range binds {
 				if b == hip || b.IsUnspecified() || hip.IsUnspecified() {
-					errs = append(errs, usagef("invalid %s=%d: the same as %s=%d on %s; the health server needs its own port",
-						o.src("health-port"), o.healthPort, o.src("bind-port"), o.bindPort, hip))
+					errs = append(errs, usagef("invalid %s: %s is the same port, and %s overlaps %s in %s; "+
+						"want a port of its own, or a health address that overlaps no bind address (0.0.0.0 and :: overlap every address)",
+						o.input("health-port", o.healthPort), o.input("bind-port", o.bindPort),
+						o.input("health-bind-address", o.healthBindAddress), b, o.src("bind-address")))
 					break
 				}
 			}
@@ -233,20 +441,16 @@ func (o *options) config() (localproxy.Config, error) {
 	// Probes.
 	mode, err := transport.ParseProbeMode(o.probe)
 	if err != nil || o.probe == "" {
-		bad("probe", o.probe, "want readyz, tls or tcp")
+		bad("probe", o.probe, "want "+oneOf("readyz", "tls", "tcp"))
 	}
 	if o.healthInterval < time.Second {
 		bad("health-interval", o.healthInterval, "want at least 1s")
 	}
 	if o.healthTimeout <= 0 || o.healthTimeout >= o.healthInterval {
-		errs = append(errs, usagef("invalid %s=%v: want more than 0 and less than %s (%v)", o.src("health-timeout"), o.healthTimeout, o.src("health-interval"), o.healthInterval))
+		bad("health-timeout", o.healthTimeout, fmt.Sprintf("want more than 0 and less than %s", o.input("health-interval", o.healthInterval)))
 	}
-	if o.rise < 1 {
-		bad("rise", o.rise, "want at least 1")
-	}
-	if o.fall < 1 {
-		bad("fall", o.fall, "want at least 1")
-	}
+	checkInt("rise", o.rise)
+	checkInt("fall", o.fall)
 	serverName := strings.TrimSpace(o.tlsServerName)
 	if serverName == "" {
 		serverName = defaultServerName
@@ -262,8 +466,8 @@ func (o *options) config() (localproxy.Config, error) {
 		}
 		switch pool, err := loadCA(caFile); {
 		case caFile == "":
-			errs = append(errs, usagef("invalid %s=%q: %s=%s verifies the API server certificates and needs the cluster CA; set %s (or %s), or use --probe=tcp to check TCP connects only",
-				o.src("ca-file"), o.caFile, o.src("probe"), mode, "--ca-file", envName("ca-file")))
+			errs = append(errs, usagef("invalid %s: %s=%s verifies the API server certificates and needs the cluster CA; set %s (or %s), or use --probe=tcp to check TCP connects only",
+				o.input("ca-file", o.caFile), o.src("probe"), mode, "--ca-file", envName("ca-file")))
 		case err != nil:
 			bad("ca-file", o.caFile, err.Error())
 		default:
@@ -303,7 +507,7 @@ func (o *options) config() (localproxy.Config, error) {
 	if o.enableDiscovery {
 		switch {
 		case base == nil && o.kubeconfig == "":
-			errs = append(errs, usagef("invalid %s=true: %v; set --kubeconfig", o.src("enable-discovery"), credErr))
+			bad("enable-discovery", true, fmt.Sprintf("%v; set --kubeconfig", credErr))
 		case base != nil && len(binds) > 0 && bindOK:
 			// Discovery goes through this proxy, never the ClusterIP.
 			proxyAddr := net.JoinHostPort(loopbackOf(binds).String(), strconv.Itoa(o.bindPort))
@@ -325,13 +529,11 @@ func (o *options) config() (localproxy.Config, error) {
 	default:
 		cfg.ShutdownTimeout = o.shutdownTimeout
 	}
-	if o.maxConnections < 1 {
-		bad("max-connections", o.maxConnections, "want at least 1")
-	}
+	checkInt("max-connections", o.maxConnections)
 	cfg.MaxConnections = o.maxConnections
 	pp, err := localproxy.ParseProxyProtocol(o.proxyProtocol)
 	if err != nil {
-		bad("proxy-protocol", o.proxyProtocol, "want none, v1 or v2")
+		bad("proxy-protocol", o.proxyProtocol, "want "+oneOf("none", "v1", "v2"))
 	}
 	cfg.ProxyProtocol = pp
 
@@ -339,7 +541,7 @@ func (o *options) config() (localproxy.Config, error) {
 		bad("log-level", o.logLevel, err.Error())
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
-		bad("log-format", o.logFormat, "want text or json")
+		bad("log-format", o.logFormat, "want "+oneOf("text", "json"))
 	}
 	return cfg, errors.Join(errs...)
 }

@@ -56,7 +56,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
-		printErrors(stderr, "localproxy", err) // unless the flag package printed it
+		printErrors(stderr, "localproxy", err)
+		fmt.Fprintf(stderr, "Run 'localproxy -help' for the flags.\n")
 		return exitUsage
 	}
 	if o.version {
@@ -91,8 +92,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return exitOK
 }
 
-// printErrors prints each usage error on its own line. Other errors come
-// from the flag package, which printed them already.
+// printErrors prints each of the errors joined in err on its own line.
 func printErrors(w io.Writer, prefix string, err error) {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		for _, e := range j.Unwrap() {
@@ -100,10 +100,7 @@ func printErrors(w io.Writer, prefix string, err error) {
 		}
 		return
 	}
-	var ue *usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(w, "%s: %v\n", prefix, ue)
-	}
+	fmt.Fprintf(w, "%s: %v\n", prefix, err)
 }
 
 func versionString() string {

@@ -101,10 +101,15 @@ func TestValidation(t *testing.T) {
 		{"bind port 0", append(ok, "--bind-port=0"), nil, []string{"--bind-port=0", "1-65535"}},
 		{"bind port too big", append(ok, "--bind-port=70000"), nil, []string{"--bind-port=70000", "1-65535"}},
 		{"bind port from env", ok, []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"LOCALPROXY_BIND_PORT=70000", "1-65535"}},
-		{"bind port not a number in env", ok, []string{"LOCALPROXY_BIND_PORT", "http"}, []string{"LOCALPROXY_BIND_PORT", `"http"`}},
 		{"health port 0", append(ok, "--health-port=0"), nil, []string{"--health-port=0", "1-65535"}},
-		{"same ports same address", append(ok, "--bind-port=8000", "--health-port=8000"), nil, []string{"--health-port=8000", "--bind-port=8000", "own port"}},
-		{"same ports, health on all addresses", append(ok, "--health-bind-address=0.0.0.0", "--health-port=7445"), nil, []string{"--health-port=7445", "own port"}},
+		{"same ports same address", append(ok, "--bind-port=8000", "--health-port=8000"), nil, []string{
+			`invalid --health-port=8000: --bind-port=8000 is the same port, and --health-bind-address="127.0.0.1" overlaps 127.0.0.1 in --bind-address; `,
+			"want a port of its own, or a health address that overlaps no bind address (0.0.0.0 and :: overlap every address)"}},
+		{"same ports, health on all addresses", append(ok, "--health-bind-address=0.0.0.0", "--health-port=7445"), nil, []string{
+			`invalid --health-port=7445: --bind-port=7445 is the same port, and --health-bind-address="0.0.0.0" overlaps 127.0.0.1 in --bind-address;`}},
+		{"same ports, bind on all addresses, from env", append(ok, "--bind-address=127.0.0.2,::"),
+			[]string{"LOCALPROXY_HEALTH_PORT", "7445", "LOCALPROXY_HEALTH_BIND_ADDRESS", "::1"}, []string{
+				`invalid LOCALPROXY_HEALTH_PORT=7445 (--health-port): --bind-port=7445 is the same port, and LOCALPROXY_HEALTH_BIND_ADDRESS="::1" (--health-bind-address) overlaps :: in --bind-address;`}},
 		{"bind address not an IP", append(ok, "--bind-address=localhost"), nil, []string{"--bind-address", `"localhost"`, "IP address"}},
 		{"bind address empty", append(ok, "--bind-address="), nil, []string{"--bind-address", "at least one"}},
 		{"health bind address not an IP", append(ok, "--health-bind-address=nowhere"), nil, []string{"--health-bind-address", `"nowhere"`}},
@@ -113,10 +118,9 @@ func TestValidation(t *testing.T) {
 		{"interval below 1s", append(ok, "--health-interval=500ms", "--health-timeout=100ms"), nil, []string{"--health-interval=500ms", "at least 1s"}},
 		{"timeout not below interval", append(ok, "--health-interval=2s", "--health-timeout=2s"), nil, []string{"--health-timeout=2s", "less than --health-interval"}},
 		{"timeout zero", append(ok, "--health-timeout=0s"), nil, []string{"--health-timeout=0s"}},
-		{"interval not a duration", append(ok, "--health-interval=soon"), nil, nil},
 		{"rise 0", append(ok, "--rise=0"), nil, []string{"--rise=0", "at least 1"}},
 		{"fall 0", append(ok, "--fall=0"), nil, []string{"--fall=0", "at least 1"}},
-		{"fall from env", ok, []string{"LOCALPROXY_FALL", "-1"}, []string{"LOCALPROXY_FALL=-1", "at least 1"}},
+		{"fall from env", ok, []string{"LOCALPROXY_FALL", "-1"}, []string{"invalid LOCALPROXY_FALL=-1 (--fall): want a whole number, at least 1"}},
 		{"readyz without CA", []string{"--endpoints=10.0.0.1:6443"}, nil, []string{"--ca-file", "--probe=readyz", "--probe=tcp"}},
 		{"tls without CA", []string{"--endpoints=10.0.0.1:6443", "--probe=tls"}, nil, []string{"--ca-file", "--probe=tls"}},
 		{"CA file missing", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.missing}, nil, []string{"--ca-file", f.missing, "readable"}},
@@ -134,8 +138,6 @@ func TestValidation(t *testing.T) {
 		{"log level too high", append(ok, "--log-level=11"), nil, []string{"--log-level", `"11"`}},
 		{"log format", append(ok, "--log-format=xml"), nil, []string{"--log-format", `"xml"`, "text or json"}},
 		{"log format from env", ok, []string{"LOCALPROXY_LOG_FORMAT", "yaml"}, []string{"LOCALPROXY_LOG_FORMAT", `"yaml"`}},
-		{"enable discovery not a bool in env", ok, []string{"LOCALPROXY_ENABLE_DISCOVERY", "sure"}, []string{"LOCALPROXY_ENABLE_DISCOVERY", `"sure"`}},
-		{"unknown flag", append(ok, "--frobnicate"), nil, nil},
 		{"positional argument", append(ok, "extra"), nil, []string{`"extra"`}},
 	}
 	for _, tc := range tests {
@@ -160,6 +162,81 @@ func TestValidationReportsEveryProblem(t *testing.T) {
 	assert.Equal(t, 3, strings.Count(stderr.String(), "localproxy: invalid"), stderr.String())
 }
 
+// TestBadValues covers values that do not parse as their flag's kind,
+// unknown flags and missing values, from flags and from the environment.
+func TestBadValues(t *testing.T) {
+	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
+	const (
+		duration = "not a duration; want a Go duration with a unit, such as 1s, 500ms or 2m"
+		port     = "; want a port number 1-65535"
+		atLeast1 = "; want a whole number, at least 1"
+		boolean  = "not a boolean; want true or false"
+	)
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		// want are the lines expected, without the "localproxy: " prefix.
+		want []string
+	}{
+		{"duration", append(ok, "--health-interval=abc"), nil, []string{`invalid --health-interval="abc": ` + duration}},
+		{"duration without unit", append(ok, "--health-timeout=1"), nil, []string{`invalid --health-timeout="1": ` + duration}},
+		{"duration from env", ok, []string{"LOCALPROXY_HEALTH_TIMEOUT", "1"}, []string{`invalid LOCALPROXY_HEALTH_TIMEOUT="1" (--health-timeout): ` + duration}},
+		{"drain timeout from env", ok, []string{"LOCALPROXY_DRAIN_TIMEOUT", "forever"}, []string{`invalid LOCALPROXY_DRAIN_TIMEOUT="forever" (--drain-timeout): ` + duration}},
+		{"int", append(ok, "--rise=x"), nil, []string{`invalid --rise="x": not a whole number` + atLeast1}},
+		{"int with a fraction", append(ok, "--max-connections=1.5"), nil, []string{`invalid --max-connections="1.5": not a whole number` + atLeast1}},
+		{"port", append(ok, "--bind-port=http"), nil, []string{`invalid --bind-port="http": not a whole number` + port}},
+		{"port beyond int", append(ok, "--health-port=99999999999999999999"), nil, []string{`invalid --health-port="99999999999999999999": out of range` + port}},
+		{"port from env", ok, []string{"LOCALPROXY_BIND_PORT", "http"}, []string{`invalid LOCALPROXY_BIND_PORT="http" (--bind-port): not a whole number` + port}},
+		{"int from env", ok, []string{"LOCALPROXY_FALL", "two"}, []string{`invalid LOCALPROXY_FALL="two" (--fall): not a whole number` + atLeast1}},
+		{"bool", append(ok, "--enable-discovery=maybe"), nil, []string{`invalid --enable-discovery="maybe": ` + boolean}},
+		{"bool from env", ok, []string{"LOCALPROXY_ENABLE_DISCOVERY", "sure"}, []string{`invalid LOCALPROXY_ENABLE_DISCOVERY="sure" (--enable-discovery): ` + boolean}},
+		{"every bad variable", ok, []string{"LOCALPROXY_RISE", "x", "LOCALPROXY_HEALTH_INTERVAL", "soon"}, []string{
+			`invalid LOCALPROXY_HEALTH_INTERVAL="soon" (--health-interval): ` + duration,
+			`invalid LOCALPROXY_RISE="x" (--rise): not a whole number` + atLeast1}},
+		{"unknown flag", append(ok, "--frobnicate"), nil, []string{"unknown flag --frobnicate; want one of the flags 'localproxy -help' lists"}},
+		{"missing value", append(ok, "--rise"), nil, []string{"invalid --rise: missing value" + atLeast1}},
+		// Values that parse but are out of range read the same way.
+		{"out of range", append(ok, "--rise=0"), nil, []string{"invalid --rise=0: want a whole number, at least 1"}},
+		{"out of range from env", ok, []string{"LOCALPROXY_BIND_PORT", "0"}, []string{"invalid LOCALPROXY_BIND_PORT=0 (--bind-port): want a port number 1-65535"}},
+		{"enum", append(ok, "--log-format=xml"), nil, []string{`invalid --log-format="xml": want text or json`}},
+		{"enum from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{`invalid LOCALPROXY_PROBE="ping" (--probe): want readyz, tls or tcp`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			code := main.Run(t.Context(), tc.args, env(tc.env...), io.Discard, &stderr)
+			assert.Equal(t, main.ExitUsage, code, "stderr: %s", stderr.String())
+			var want []string
+			for _, w := range tc.want {
+				want = append(want, "localproxy: "+w)
+			}
+			want = append(want, "Run 'localproxy -help' for the flags.")
+			assert.Equal(t, want, strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n"), "only these lines, no usage dump")
+		})
+	}
+}
+
+func TestStatusBadValues(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string
+	}{
+		{"duration", []string{"status", "--timeout=5"}, nil, `localproxy status: invalid --timeout="5": not a duration; want a Go duration with a unit, such as 1s, 500ms or 2m`},
+		{"port from env", []string{"status"}, []string{"LOCALPROXY_HEALTH_PORT", "http"}, `localproxy status: invalid LOCALPROXY_HEALTH_PORT="http" (--health-port): not a whole number; want a port number 1-65535`},
+		{"unknown flag", []string{"status", "--bind-port=1"}, nil, "localproxy status: unknown flag --bind-port; want one of the flags 'localproxy status -help' lists"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			assert.Equal(t, main.ExitUsage, main.Run(t.Context(), tc.args, env(tc.env...), io.Discard, &stderr))
+			assert.Equal(t, tc.want+"\n", stderr.String())
+		})
+	}
+}
+
 func TestValidConfigs(t *testing.T) {
 	f := newFiles(t)
 	defer main.SetServiceAccount(f.missing, f.missing)()
@@ -180,7 +257,7 @@ func TestValidConfigs(t *testing.T) {
 	})
 	t.Run("flag wins over env", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-port=9000"},
-			env("LOCALPROXY_BIND_PORT", "0", "LOCALPROXY_ENDPOINTS", "nope", "LOCALPROXY_DRAIN_TIMEOUT", "3s", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1"))
+			env("LOCALPROXY_BIND_PORT", "http", "LOCALPROXY_ENDPOINTS", "nope", "LOCALPROXY_DRAIN_TIMEOUT", "3s", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1"))
 		require.NoError(t, err)
 		assert.Equal(t, []string{"127.0.0.1:9000", "[::1]:9000"}, cfg.ListenAddresses)
 		assert.Equal(t, []string{"10.0.0.1:6443"}, cfg.Endpoints)
@@ -234,6 +311,15 @@ func TestVersionAndHelp(t *testing.T) {
 	var stderr bytes.Buffer
 	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"--help"}, env(), io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "LOCALPROXY_BIND_PORT")
+	// The flags' own types and defaults, not those of the values wrapped
+	// while parsing.
+	assert.Contains(t, stderr.String(), "  -health-interval duration\n")
+	assert.Contains(t, stderr.String(), "  -bind-port int\n")
+	assert.Contains(t, stderr.String(), "  -enable-discovery\n")
+	assert.NotContains(t, stderr.String(), "panic")
+	stderr.Reset()
+	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"status", "-h"}, env(), io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "  -timeout duration\n")
 }
 
 func freePort(t *testing.T) int {
