@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/apifailover/apifailover/transport"
@@ -64,7 +65,7 @@ func (c *conn) attach(addr string, tc *transport.TrackedConn) bool {
 func (p *Proxy) serve(ctx context.Context, c *conn) {
 	defer p.forget(c)
 	defer c.close()
-	tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout)
+	tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.log)
 	if err := p.hold.Err(); err != nil {
 		// Every endpoint refused a moment ago: do not dial them all again
 		// for each client that reconnects.
@@ -235,18 +236,25 @@ func (c *conn) close() {
 }
 
 // tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client
-// connection.
-func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration) {
+// connection. Failures leave the connection working with the system
+// defaults, so they are only logged.
+func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration, log logr.Logger) {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		return
 	}
+	var err error
 	if keepAlive > 0 {
-		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
+		err = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
 	} else {
-		tc.SetKeepAlive(false)
+		err = tc.SetKeepAlive(false)
+	}
+	if err != nil {
+		log.V(2).Info("setting keepalive on a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
 	}
 	if userTimeout > 0 {
-		setUserTimeout(tc, userTimeout)
+		if err := setUserTimeout(tc, userTimeout); err != nil {
+			log.V(2).Info("setting TCP_USER_TIMEOUT on a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
+		}
 	}
 }
