@@ -1,12 +1,18 @@
 package localproxy_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,4 +131,148 @@ func TestStateFile(t *testing.T) {
 			assert.False(t, strings.HasPrefix(e.Name(), ".localproxy-state"), "temporary file left: %s", e.Name())
 		}
 	})
+}
+
+// getBody is httpGet for polling conditions: it reports errors instead of
+// failing the test, as require.Eventually runs its condition on another
+// goroutine.
+func getBody(url string) (int, string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// healthz polls /healthz for require.Eventually and keeps the last answer
+// for the failure message (it is a fmt.Stringer, read when formatted).
+type healthz struct {
+	url  string
+	mu   sync.Mutex // guards last
+	last string
+}
+
+func newHealthz(r *running) *healthz {
+	return &healthz{url: "http://" + r.HealthAddr().String() + "/healthz"}
+}
+
+// is returns a condition: /healthz answers code with a body containing
+// substr.
+func (h *healthz) is(code int, substr string) func() bool {
+	return func() bool {
+		got, body, err := getBody(h.url)
+		last := fmt.Sprintf("%d %q", got, body)
+		if err != nil {
+			last = err.Error()
+		}
+		h.mu.Lock()
+		h.last = last
+		h.mu.Unlock()
+		return err == nil && got == code && strings.Contains(body, substr)
+	}
+}
+
+func (h *healthz) String() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}
+
+// A listener closed under the proxy (its descriptor closed by someone
+// else) ends its accept loop for good: /healthz fails and says so, while
+// the other listener still serves.
+func TestHealthzFailsWhenAnAcceptLoopDies(t *testing.T) {
+	echo := newEcho(t)
+	var lc net.ListenConfig
+	var mu sync.Mutex // guards lns
+	var lns []net.Listener
+	r := start(t, localproxy.Config{
+		Endpoints:       []string{echo.addr()},
+		ListenAddresses: []string{"127.0.0.1:0", "127.0.0.1:0"},
+		HealthAddress:   "127.0.0.1:0",
+		Listen: func(ctx context.Context, network, address string) (net.Listener, error) {
+			ln, err := lc.Listen(ctx, network, address)
+			if err == nil {
+				mu.Lock()
+				lns = append(lns, ln)
+				mu.Unlock()
+			}
+			return ln, err
+		},
+	})
+	hz := newHealthz(r)
+	resp, body := httpGet(t, http.MethodGet, hz.url)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+
+	mu.Lock()
+	require.Len(t, lns, 2)
+	require.NoError(t, lns[0].Close())
+	mu.Unlock()
+	require.Eventually(t, hz.is(http.StatusServiceUnavailable, "unhealthy: 1 of 2 accept loops running"),
+		10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	require.NoError(t, roundTrip(dial(t, r.Addrs()[1].String()), "the other listener still serves"))
+}
+
+// stallingProber answers at once until stall is called; from then on its
+// probes hang, ignoring their context, until release: a probe loop that
+// is stuck.
+type stallingProber struct {
+	mu    sync.Mutex    // guards hang
+	hang  chan struct{} // nil: answer at once
+	calls atomic.Int64
+}
+
+func (s *stallingProber) Probe(ctx context.Context, addr string) error {
+	s.calls.Add(1)
+	s.mu.Lock()
+	hang := s.hang
+	s.mu.Unlock()
+	if hang != nil {
+		<-hang
+	}
+	return nil
+}
+
+func (s *stallingProber) stall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hang == nil {
+		s.hang = make(chan struct{})
+	}
+}
+
+func (s *stallingProber) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hang != nil {
+		close(s.hang)
+		s.hang = nil
+	}
+}
+
+// /healthz fails once the pool's probes stop starting (a probe hangs, and
+// with it the round), and recovers when they resume.
+func TestHealthzFailsWhenProbesStop(t *testing.T) {
+	echo := newEcho(t)
+	pr := &stallingProber{}
+	const interval = 50 * time.Millisecond
+	r := start(t, localproxy.Config{
+		Endpoints:     []string{echo.addr()},
+		HealthAddress: "127.0.0.1:0",
+		Pool:          upstream.Config{Prober: pr, Interval: interval, Timeout: 20 * time.Millisecond, Rise: 1, Fall: 1},
+	})
+	t.Cleanup(pr.release) // before the proxy stops: Run waits for the probe
+	hz := newHealthz(r)
+	require.Eventually(t, func() bool { return pr.calls.Load() > 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+
+	pr.stall()
+	require.Eventually(t, hz.is(http.StatusServiceUnavailable, "unhealthy: no health probe for"),
+		10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	assert.Contains(t, hz.String(), "(expected every "+interval.String()+")")
+
+	pr.release()
+	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
 }

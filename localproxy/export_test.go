@@ -1,0 +1,26 @@
+package localproxy
+
+import "net"
+
+// CopyEnds are the two connections pipe copies between for one client.
+type CopyEnds struct {
+	// Client is the accepted client connection.
+	Client net.Conn
+	// Upstream is the upstream's underlying connection (not the
+	// transport.TrackedConn around it).
+	Upstream net.Conn
+}
+
+// CopyEnds returns the ends of every client connection that has an
+// upstream, in no particular order.
+func (p *Proxy) CopyEnds() []CopyEnds {
+	var out []CopyEnds
+	for _, c := range p.snapshot() {
+		c.mu.Lock()
+		if c.upRaw != nil {
+			out = append(out, CopyEnds{Client: c.client, Upstream: c.upRaw})
+		}
+		c.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,114 @@
+//go:build linux
+
+package localproxy_test
+
+import (
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/apifailover/apifailover/localproxy"
+)
+
+// tcpOpts are the socket options the proxy sets on both sides of a
+// connection, as the kernel reports them.
+type tcpOpts struct {
+	KeepAlive   bool
+	Idle        int // TCP_KEEPIDLE, seconds
+	Interval    int // TCP_KEEPINTVL, seconds
+	Count       int // TCP_KEEPCNT
+	UserTimeout int // TCP_USER_TIMEOUT, milliseconds; 0 is the system default
+}
+
+// readTCPOpts reads tcpOpts back from nc's socket with getsockopt. The
+// keepalive timers are left out (zero) when keepalive is off: the kernel
+// keeps its defaults there.
+func readTCPOpts(nc net.Conn) (tcpOpts, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return tcpOpts{}, &net.OpError{Op: "getsockopt", Err: syscall.ENOTSOCK}
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return tcpOpts{}, err
+	}
+	var o tcpOpts
+	var gerr error
+	get := func(fd, level, opt int) int {
+		v, err := unix.GetsockoptInt(fd, level, opt)
+		if err != nil && gerr == nil {
+			gerr = err
+		}
+		return v
+	}
+	if err := rc.Control(func(fdp uintptr) {
+		fd := int(fdp)
+		o.KeepAlive = get(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0
+		if o.KeepAlive {
+			o.Idle = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+			o.Interval = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+			o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		}
+		o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+	}); err != nil {
+		return tcpOpts{}, err
+	}
+	return o, gerr
+}
+
+// TestSocketOptionsBothSides reads keepalive and TCP_USER_TIMEOUT back from
+// the accepted client socket and the upstream socket of a proxied
+// connection.
+func TestSocketOptionsBothSides(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		cfg              localproxy.Config
+		client, upstream tcpOpts
+	}{{
+		name: "configured",
+		cfg: localproxy.Config{
+			KeepAlive: 7 * time.Second, UserTimeout: 1500 * time.Millisecond,
+			UpstreamKeepAlive: 9 * time.Second, UpstreamUserTimeout: 2500 * time.Millisecond,
+		},
+		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, Count: 3, UserTimeout: 1500},
+		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, Count: 3, UserTimeout: 2500},
+	}, {
+		// Go's accept turns keepalive on with 15s by itself: the client
+		// side must be retuned to the proxy's defaults.
+		name:     "defaults",
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+	}, {
+		name:     "disabled",
+		cfg:      localproxy.Config{KeepAlive: -1, UserTimeout: -1, UpstreamKeepAlive: -1, UpstreamUserTimeout: -1},
+		client:   tcpOpts{},
+		upstream: tcpOpts{},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			echo := newEcho(t)
+			cfg := tc.cfg
+			cfg.Endpoints = []string{echo.addr()}
+			r := start(t, cfg)
+			c := dial(t, r.addr())
+			// The upstream is attached before any byte is copied, and the
+			// client socket was tuned before the dial.
+			require.NoError(t, roundTrip(c, "tuned"))
+			ends := r.CopyEnds()
+			require.Len(t, ends, 1)
+			require.Equal(t, c.LocalAddr().String(), ends[0].Client.RemoteAddr().String(), "not this test's client socket")
+			require.Equal(t, echo.addr(), ends[0].Upstream.RemoteAddr().String(), "not the upstream socket")
+
+			got, err := readTCPOpts(ends[0].Client)
+			require.NoError(t, err)
+			assert.Equal(t, tc.client, got, "client side")
+			got, err = readTCPOpts(ends[0].Upstream)
+			require.NoError(t, err)
+			assert.Equal(t, tc.upstream, got, "upstream side")
+		})
+	}
+}
