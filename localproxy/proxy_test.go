@@ -559,33 +559,6 @@ func TestShutdownDrainsConnections(t *testing.T) {
 	}
 }
 
-func TestProxyProtocol(t *testing.T) {
-	for _, v := range []localproxy.ProxyProtocol{localproxy.ProxyProtocolV1, localproxy.ProxyProtocolV2} {
-		t.Run(string(v), func(t *testing.T) {
-			hdr := make(chan []byte, 1)
-			srv := newServer(t, func(c *net.TCPConn) {
-				c.SetReadDeadline(time.Now().Add(10 * time.Second))
-				b := make([]byte, 256)
-				n, _ := c.Read(b)
-				hdr <- b[:n]
-			})
-			r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}, ProxyProtocol: v})
-			c := dial(t, r.addr())
-			src := c.LocalAddr().(*net.TCPAddr)
-			dst := c.RemoteAddr().(*net.TCPAddr)
-			got := <-hdr
-			switch v {
-			case localproxy.ProxyProtocolV1:
-				assert.Equal(t, fmt.Sprintf("PROXY TCP4 127.0.0.1 127.0.0.1 %d %d\r\n", src.Port, dst.Port), string(got))
-			case localproxy.ProxyProtocolV2:
-				want := []byte("\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c\x7f\x00\x00\x01\x7f\x00\x00\x01")
-				want = append(want, byte(src.Port>>8), byte(src.Port), byte(dst.Port>>8), byte(dst.Port))
-				assert.Equal(t, want, got)
-			}
-		})
-	}
-}
-
 func TestNewRejectsBadConfig(t *testing.T) {
 	for name, cfg := range map[string]localproxy.Config{
 		"no endpoints":       {},
