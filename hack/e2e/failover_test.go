@@ -57,6 +57,7 @@ func TestFailover(t *testing.T) {
 				})
 				e := &env{t: t, ctx: ctx, bed: bed, c: c, row: r}
 				e.settle()
+				e.startKubectl()
 				sc.run(e)
 			})
 		}

@@ -36,6 +36,11 @@ type env struct {
 	bed *testbed.Bed
 	c   *client
 	row *row
+	// faultAt is when the scenario's first fault was in place (inject).
+	faultAt time.Time
+	// kubectlTolerated are the windows in which kubectl runs may fail
+	// (tolerateKubectl).
+	kubectlTolerated [][2]time.Time
 }
 
 // figure records a measurement in the summary row (to the millisecond)

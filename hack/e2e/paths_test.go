@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -75,6 +76,10 @@ type client struct {
 	// workload turns those retries off). The request was not processed.
 	// S4 and S7 count such refusals apart from failures.
 	ShutdownRefusalsReachClient bool
+	// Kubeconfig, if set, is a kubeconfig for the path (a node's, pointing
+	// at the proxy): every scenario also runs the real kubectl through it
+	// (see kubectlLoop), with its discovery cache in KubectlCacheDir.
+	Kubeconfig, KubectlCacheDir string
 	// ClientConns returns how many connections the client side opened so
 	// far (a proxy's accepted connections); nil for in-process clients.
 	ClientConns func() int
@@ -262,6 +267,10 @@ func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *cli
 	}
 	t.Cleanup(hc.CloseIdleConnections)
 	pcfg := p.Pool().Config()
+	kubeconfig := filepath.Join(t.TempDir(), "localproxy.kubeconfig")
+	if err := bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.Admin); err != nil {
+		t.Fatal(err)
+	}
 	status := func() map[string]upstream.Status {
 		out := make(map[string]upstream.Status)
 		for _, s := range p.Pool().Status() {
@@ -318,6 +327,8 @@ func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *cli
 		RecoveryBudget:              time.Duration(pcfg.Rise)*pcfg.Interval + recoverySlack,
 		KillBudget:                  100 * time.Millisecond, // issue 4
 		ShutdownRefusalsReachClient: true,
+		Kubeconfig:                  kubeconfig,
+		KubectlCacheDir:             t.TempDir(),
 		ClientConns:                 func() int { return counter(t, reg, "apifailover_localproxy_connections_accepted_total") },
 		Log: func() string {
 			st, _ := json.MarshalIndent(p.Status(), "", "  ")

@@ -63,6 +63,9 @@ func (e *env) inject(what string, fault func() error) time.Time {
 	}
 	t0 := time.Now()
 	e.t.Logf("%s: in place after %s", what, t0.Sub(began).Round(time.Millisecond))
+	if e.faultAt.IsZero() {
+		e.faultAt = t0
+	}
 	return t0
 }
 
@@ -335,6 +338,7 @@ func s6AllDown(e *env) {
 		e.t.Error(err)
 	}
 	e.waitResumed(w, t1)
+	e.tolerateKubectl(t0, t1.Add(e.c.RecoveryBudget))
 	r := e.stopLoad(w)
 	e.logTimeline(r, t0)
 	if get, ok := r.FirstGetOK(t1); ok {
