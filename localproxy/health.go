@@ -76,11 +76,15 @@ func (p *Proxy) Status() Status {
 
 func (p *Proxy) isReady() bool { return !p.stopping.Load() && p.pool.Healthy() }
 
-// live reports whether every accept loop runs and the pool's probe loop
-// ran recently; the error says what is wrong.
+// live reports whether every accept loop runs and accepts (or has failed
+// for less than acceptStuckAfter) and the pool's probe loop ran recently;
+// the error says what is wrong.
 func (p *Proxy) live(startedAt time.Time) error {
 	if n, want := int(p.accepting.Load()), len(p.cfg.ListenAddresses); n < want && !p.stopping.Load() {
 		return fmt.Errorf("%d of %d accept loops running", n, want)
+	}
+	if err := p.stuckAccepting(time.Now()); err != nil {
+		return err
 	}
 	if p.cfg.Pool.Prober == nil {
 		return nil

@@ -21,6 +21,11 @@ import (
 const (
 	minAcceptBackoff = 5 * time.Millisecond
 	maxAcceptBackoff = time.Second
+	// acceptStuckAfter: a listener whose Accept has failed for this long
+	// without a single success fails /healthz, so that a supervisor
+	// (kubelet's liveness probe, systemd's watchdog script) restarts a
+	// proxy that can no longer take clients.
+	acceptStuckAfter = 30 * time.Second
 )
 
 // Proxy is the node-local L4 proxy. Create it with New and start it with
@@ -40,8 +45,11 @@ type Proxy struct {
 	started atomic.Bool
 	// accepting counts running accept loops; /healthz wants all of them.
 	accepting atomic.Int32
-	active    atomic.Int64 // open client connections
-	stopping  atomic.Bool  // shutdown began
+	// acceptFailing holds, per accept loop in a run of failed Accepts, the
+	// listener's address and when the run began (*acceptFailure).
+	acceptFailing sync.Map
+	active        atomic.Int64 // open client connections
+	stopping      atomic.Bool  // shutdown began
 
 	mu sync.Mutex // guards the fields below
 	// addrs and healthAddr are set when the listeners are bound.
@@ -281,11 +289,43 @@ func (p *Proxy) snapshot() []*conn {
 	return out
 }
 
+// acceptFailure is a run of failed Accepts on one listener.
+type acceptFailure struct {
+	addr  string
+	since time.Time
+	mu    sync.Mutex // guards err
+	err   error      // the latest
+}
+
+func (f *acceptFailure) setErr(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
+
+// stuckAccepting returns an error naming a listener whose Accept has
+// failed for acceptStuckAfter or longer without a success, nil if none.
+func (p *Proxy) stuckAccepting(now time.Time) error {
+	var stuck error
+	p.acceptFailing.Range(func(_, v any) bool {
+		f := v.(*acceptFailure)
+		if d := now.Sub(f.since); d >= acceptStuckAfter {
+			f.mu.Lock()
+			stuck = fmt.Errorf("accepting on %s has failed for %v: %w", f.addr, d.Round(time.Second), f.err)
+			f.mu.Unlock()
+			return false
+		}
+		return true
+	})
+	return stuck
+}
+
 // acceptLoop accepts clients until ln is closed. Errors such as EMFILE
 // (out of file descriptors) back off, doubling up to a second, and the
 // loop goes on: the pending connections wait in the listen backlog.
 func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
 	defer p.accepting.Add(-1)
+	defer p.acceptFailing.Delete(ln)
 	var delay time.Duration
 	var timer *time.Timer
 	defer func() {
@@ -298,6 +338,11 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if delay == 0 {
+				p.acceptFailing.Store(ln, &acceptFailure{addr: ln.Addr().String(), since: time.Now(), err: err})
+			} else if f, ok := p.acceptFailing.Load(ln); ok {
+				f.(*acceptFailure).setErr(err)
 			}
 			delay = min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
 			p.m.acceptErrors.Inc()
@@ -314,7 +359,10 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			}
 			continue
 		}
-		delay = 0
+		if delay != 0 {
+			p.acceptFailing.Delete(ln)
+			delay = 0
+		}
 		p.m.accepted.Inc()
 		if max := p.cfg.MaxConnections; max > 0 && p.active.Load() >= int64(max) {
 			p.m.rejected.WithLabelValues("max_connections").Inc()
