@@ -168,10 +168,7 @@ func (b *Bed) start(ctx context.Context) error {
 	if b.lock, err = acquireLock(ctx, b.logf); err != nil {
 		return err
 	}
-	if b.tools, err = ensureHostTools(ctx, b.opts.EtcdPath, b.opts.InstallDeps, b.log); err != nil {
-		return err
-	}
-	if b.kube, err = ensureKube(ctx, b.opts.Version, b.opts.KubeBinDir, b.log); err != nil {
+	if b.tools, b.kube, err = ensureBinaries(ctx, b.opts, b.log); err != nil {
 		return err
 	}
 	b.fw = newFirewall(b.tools.iptables)

@@ -191,15 +191,23 @@ func Prepare(ctx context.Context, opts Options) error {
 	if log == nil {
 		log = io.Discard
 	}
-	if _, err := ensureHostTools(ctx, opts.EtcdPath, opts.InstallDeps, log); err != nil {
-		return err
+	_, _, err := ensureBinaries(ctx, opts, log)
+	return err
+}
+
+// ensureBinaries finds the host tools and the Kubernetes binaries a bed
+// runs, installing and building them as opts says (see Prepare).
+func ensureBinaries(ctx context.Context, opts Options, log io.Writer) (hostTools, kubeBinaries, error) {
+	tools, err := ensureHostTools(ctx, opts.EtcdPath, opts.InstallDeps, log)
+	if err != nil {
+		return tools, kubeBinaries{}, err
 	}
 	version := opts.Version
 	if version == "" {
 		version = DefaultVersion
 	}
-	_, err := ensureKube(ctx, version, opts.KubeBinDir, log)
-	return err
+	kube, err := ensureKube(ctx, version, opts.KubeBinDir, log)
+	return tools, kube, err
 }
 
 // CheckPrerequisites reports what Start would have to install or build
