@@ -104,9 +104,7 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
 		if err == nil {
-			c.upRaw.SetWriteDeadline(time.Now().Add(orDefault(p.cfg.AttemptTimeout, transport.DefaultAttemptTimeout)))
-			_, err = c.upRaw.Write(hdr)
-			c.upRaw.SetWriteDeadline(time.Time{})
+			err = writeHeader(c.upRaw, hdr, time.Now().Add(orDefault(p.cfg.AttemptTimeout, transport.DefaultAttemptTimeout)))
 		}
 		if err != nil {
 			p.log.Info("sending the PROXY protocol header failed", "endpoint", addr, "err", err.Error())

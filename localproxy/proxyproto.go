@@ -82,14 +82,21 @@ func ProbeDialer(v ProxyProtocol) (func(ctx context.Context, network, address st
 		if err != nil {
 			return nil, err
 		}
-		if d, ok := ctx.Deadline(); ok {
-			nc.SetWriteDeadline(d)
-		}
-		if _, err := nc.Write(hdr); err != nil {
+		deadline, _ := ctx.Deadline()
+		if err := writeHeader(nc, hdr, deadline); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("sending the PROXY protocol header: %w", err)
 		}
-		nc.SetWriteDeadline(time.Time{})
 		return nc, nil
 	}, nil
+}
+
+// writeHeader writes a PROXY protocol header to an upstream connection,
+// giving up at deadline (the zero time: none), and clears the write
+// deadline again.
+func writeHeader(nc net.Conn, hdr []byte, deadline time.Time) error {
+	nc.SetWriteDeadline(deadline)
+	_, err := nc.Write(hdr)
+	nc.SetWriteDeadline(time.Time{})
+	return err
 }
