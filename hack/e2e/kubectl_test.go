@@ -64,32 +64,17 @@ func (l *kubectlLoop) run(ctx context.Context, bed *testbed.Bed, kubeconfig, cac
 	}
 }
 
-// waitRunAfter waits until a run that started after t has ended, or
-// timeout passes.
-func (l *kubectlLoop) waitRunAfter(t time.Time, timeout time.Duration) {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		l.mu.Lock()
-		n := len(l.runs)
-		last := kubectlRun{}
-		if n > 0 {
-			last = l.runs[n-1]
-		}
-		l.mu.Unlock()
-		if n > 0 && last.start.After(t) {
-			return
-		}
-		select {
-		case <-deadline.C:
-			return
-		case <-l.done:
-			return
-		case <-tick.C:
-		}
+// ranAfter reports whether a run that started after t has ended, or the
+// loop has.
+func (l *kubectlLoop) ranAfter(t time.Time) bool {
+	select {
+	case <-l.done:
+		return true
+	default:
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.runs) > 0 && l.runs[len(l.runs)-1].start.After(t)
 }
 
 // stop ends the loop, waits for it and returns its runs.
@@ -118,7 +103,8 @@ func (e *env) startKubectl() {
 		// A scenario may end while the only run since its fault is still
 		// going: let kubectl run across the fault before judging.
 		if !e.faultAt.IsZero() {
-			l.waitRunAfter(e.faultAt, observeLimit)
+			// A timeout is reported by checkKubectl.
+			_ = e.waitFor("a kubectl run after the fault", observeLimit, func() bool { return l.ranAfter(e.faultAt) })
 		}
 		e.checkKubectl(l.stop())
 	})
