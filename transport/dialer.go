@@ -211,6 +211,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	stagger := time.NewTimer(d.staggerDelay())
 	defer stagger.Stop()
 	errs := []error{ErrNoEndpoint}
+	firstFailed := false
 	for inflight > 0 {
 		select {
 		case r := <-results:
@@ -220,7 +221,15 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 					cancel()
 					go closeLosers(results, inflight)
 				}
+				// The pool demotes a first candidate that keeps losing
+				// races to later ones: it is slow (see upstream.ReportDialRace).
+				if won := r.addr == candidates[0]; won || !firstFailed {
+					d.Pool.ReportDialRace(candidates[0], won)
+				}
 				return r.conn, r.addr, nil
+			}
+			if r.addr == candidates[0] {
+				firstFailed = true
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", r.addr, r.err))
 			if next < len(candidates) && ctx.Err() == nil {

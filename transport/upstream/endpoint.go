@@ -118,6 +118,9 @@ type Status struct {
 	// Draining: the server announced a shutdown (GOAWAY); ranked lower until
 	// a probe succeeds again.
 	Draining bool `json:"draining"`
+	// Slow: the endpoint lost connection races in a row as the first
+	// candidate and is ranked with suspect endpoints for a while.
+	Slow bool `json:"slow,omitempty"`
 	// RTT is a moving average of successful probe durations; zero if unknown.
 	RTT time.Duration `json:"rtt"`
 	// Conns is the number of open connections the pool's users reported.

@@ -123,6 +123,8 @@ type Pool struct {
 	delivering bool
 	subs       map[int]func(Event)
 	nextSub    int
+	// slowNext is the earliest end of a slow demotion (zero if none).
+	slowNext time.Time
 }
 
 // endpoint is the pool's record of one address. Guarded by Pool.mu.
@@ -143,6 +145,12 @@ type endpoint struct {
 	conns    int
 	lastErr  error
 	since    time.Time
+	// Dial races (see slow.go): consecutive races lost as the first
+	// candidate, the current demotion's length, and when it ends (zero
+	// when not demoted).
+	racesLost int
+	slowHold  time.Duration
+	slowUntil time.Time
 }
 
 // New returns a pool with no endpoints. Add them with Set.
@@ -439,11 +447,17 @@ func (p *Pool) flush() {
 // empty.
 func (p *Pool) Pick() (string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.order) == 0 {
+	p.expireSlowLocked(time.Now())
+	addr := ""
+	if len(p.order) > 0 {
+		addr = p.order[0].addr
+	}
+	p.mu.Unlock()
+	p.flush()
+	if addr == "" {
 		return "", ErrNoEndpoints
 	}
-	return p.order[0].addr, nil
+	return addr, nil
 }
 
 // Candidates returns every endpoint, best first: healthy before unknown
@@ -457,11 +471,13 @@ func (p *Pool) Pick() (string, error) {
 // only when the pool is.
 func (p *Pool) Candidates() []string {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.expireSlowLocked(time.Now())
 	out := make([]string, len(p.order))
 	for i, e := range p.order {
 		out[i] = e.addr
 	}
+	p.mu.Unlock()
+	p.flush()
 	return out
 }
 
@@ -498,6 +514,7 @@ func (p *Pool) Status() []Status {
 			Local:     e.local,
 			Suspect:   e.suspect,
 			Draining:  e.draining,
+			Slow:      !e.slowUntil.IsZero(),
 			RTT:       e.rtt,
 			Conns:     e.conns,
 			Preferred: e.addr == p.preferred,

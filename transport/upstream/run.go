@@ -94,6 +94,7 @@ func (p *Pool) probeRound(ctx context.Context) {
 			p.observeLocked(e, r.rtt, r.err, 0, now)
 		}
 	}
+	p.expireSlowLocked(now)
 	p.rebuildLocked()
 	p.mu.Unlock()
 	p.flush()
