@@ -49,7 +49,13 @@ func waitHealthy(t *testing.T, f *transport.Failover, n int) {
 // get sends GET path and returns the name of the server that answered.
 func get(t *testing.T, f *transport.Failover, path string) (string, error) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+f.Origin()+path, nil)
+	return getCtx(t.Context(), t, f, path)
+}
+
+// getCtx is get with a context of the caller's.
+func getCtx(ctx context.Context, t *testing.T, f *transport.Failover, path string) (string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+f.Origin()+path, nil)
 	require.NoError(t, err)
 	resp, err := f.HTTPClient().Do(req)
 	if err != nil {
