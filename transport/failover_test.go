@@ -462,27 +462,6 @@ func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {
 	assert.Equal(t, 1, victim.count("GET /api/v1/pods"))
 }
 
-func TestShutdownTooManyRequestsGoesElsewhere(t *testing.T) {
-	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{})
-	victim := serving(t, c, f)
-	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "1")
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusTooManyRequests)
-		io.WriteString(w, `{"kind":"Status","message":"The apiserver is shutting down, please try again later.","reason":"TooManyRequests","code":429}`)
-	})
-	body := []byte(`{"metadata":{"generateName":"x-"}}`)
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
-	require.NoError(t, err)
-	resp, err := f.HTTPClient().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.NotEqual(t, victim.name, string(got))
-}
-
 func TestCertificateForAnotherNameIsQuarantined(t *testing.T) {
 	c := newCluster(t, 2)
 	impostor := newServer(t, "impostor", c.pki.wrong)
