@@ -309,3 +309,35 @@ func TestCARotation(t *testing.T) {
 		return f.Pool().Status()[0].State != upstream.StateQuarantined
 	})
 }
+
+// localproxy's probes authenticate with the kubeconfig's client
+// certificate (Prober.WithCredentials); after a rotation they present the
+// new one, although they resume TLS sessions, which carry the old one.
+func TestProbeClientCertificateRotation(t *testing.T) {
+	ca := newTestCA(t, "probe CA")
+	_, _, serving := ca.issue(t, originName, 2, x509.ExtKeyUsageServerAuth)
+	srv := newMTLSServer(t, serving, ca)
+	dir := t.TempDir()
+	certFile, keyFile, caFile := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"), filepath.Join(dir, "ca.crt")
+	certPEM, keyPEM, _ := ca.issue(t, "client", 10, x509.ExtKeyUsageClientAuth)
+	require.NoError(t, os.WriteFile(certFile, certPEM, 0o600))
+	require.NoError(t, os.WriteFile(keyFile, keyPEM, 0o600))
+	require.NoError(t, os.WriteFile(caFile, ca.pem, 0o600))
+
+	base := &transport.Prober{TLSConfig: &tls.Config{ServerName: originName}, Host: originName, TLSReloadInterval: time.Nanosecond}
+	p, err := base.WithCAFile(caFile)
+	require.NoError(t, err)
+	p, err = p.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CertFile: certFile, KeyFile: keyFile}})
+	require.NoError(t, err)
+	assert.Equal(t, "client certificate", p.Credentials())
+	for range 2 { // the second resumes the first's session
+		require.NoError(t, p.Probe(t.Context(), srv.addr))
+		assert.Equal(t, int64(10), srv.lastSerial("/readyz"))
+	}
+
+	certPEM, keyPEM, _ = ca.issue(t, "client", 11, x509.ExtKeyUsageClientAuth)
+	replaceFile(t, keyFile, keyPEM)
+	replaceFile(t, certFile, certPEM)
+	require.NoError(t, p.Probe(t.Context(), srv.addr))
+	assert.Equal(t, int64(11), srv.lastSerial("/readyz"))
+}
