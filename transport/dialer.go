@@ -39,6 +39,10 @@ type Dialer struct {
 	// that a server that accepts TCP but never answers loses the race. Its
 	// ServerName must be the origin's name.
 	TLSConfig *tls.Config
+	// GetTLSConfig, if set, is called for every handshake and its result
+	// used instead of TLSConfig, which must be set too (e.g. a clone whose
+	// RootCAs follow a CA file as it rotates).
+	GetTLSConfig func() *tls.Config
 	// StaggerDelay is how long an attempt may run before the next candidate
 	// is tried in parallel. A failed attempt starts the next one at once.
 	// If zero, DefaultStaggerDelay (250ms). If negative, all candidates are
@@ -287,7 +291,11 @@ func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error
 	if d.TLSConfig == nil {
 		return tc, nil
 	}
-	conn := tls.Client(tc, d.TLSConfig)
+	tlsCfg := d.TLSConfig
+	if d.GetTLSConfig != nil {
+		tlsCfg = d.GetTLSConfig()
+	}
+	conn := tls.Client(tc, tlsCfg)
 	if err := conn.HandshakeContext(actx); err != nil {
 		tc.Close()
 		f := upstream.FailureTLS

@@ -344,10 +344,17 @@ func (o *options) config() (localproxy.Config, error) {
 		case err != nil:
 			bad("ca-file", o.caFile, err.Error())
 		default:
+			// The CA file is re-read as it rotates (checked on probes
+			// every transport.DefaultTLSReloadInterval).
 			prober = &transport.Prober{
 				Mode:      mode,
 				TLSConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12},
 				Host:      serverName,
+			}
+			if p, err := prober.WithCAFile(caFile); err != nil {
+				bad("ca-file", o.caFile, err.Error())
+			} else {
+				prober = p
 			}
 		}
 	} else if mode == transport.ProbeTCP {
