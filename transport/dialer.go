@@ -298,11 +298,7 @@ func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error
 	conn := tls.Client(tc, tlsCfg)
 	if err := conn.HandshakeContext(actx); err != nil {
 		tc.Close()
-		f := upstream.FailureTLS
-		if isCertError(err) {
-			f = upstream.FailureCertificate
-			err = fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
-		}
+		f, err := classifyHandshakeError(err)
 		d.reportFailure(ctx, addr, f, err)
 		return nil, err
 	}
@@ -315,6 +311,23 @@ func (d *Dialer) reportFailure(ctx context.Context, addr string, f upstream.Fail
 	}
 	d.Logger.V(2).Info("dial failed", "addr", addr, "failure", f.String(), "err", err.Error())
 	d.Pool.ReportFailure(addr, f, err)
+}
+
+// classifyHandshakeError tells what a failed TLS handshake says about the
+// server, by error types: a certificate outside its validity period by this
+// host's clock (FailureCertificateTime, err wrapped with
+// upstream.ErrCertificateTime: transient, e.g. a clock that is wrong at
+// boot), another certificate verification failure (FailureCertificate,
+// wrapped with upstream.ErrCertificate: quarantine), or none
+// (FailureTLS, err unchanged).
+func classifyHandshakeError(err error) (upstream.Failure, error) {
+	switch {
+	case !isCertError(err):
+		return upstream.FailureTLS, err
+	case upstream.IsCertificateTimeError(err):
+		return upstream.FailureCertificateTime, fmt.Errorf("%w: %w", upstream.ErrCertificateTime, err)
+	}
+	return upstream.FailureCertificate, fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
 }
 
 // isCertError reports whether err comes from certificate verification.

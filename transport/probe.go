@@ -209,7 +209,9 @@ func (p *Prober) Credentials() string {
 const maxProbeResponse = 64 << 10
 
 // Probe runs one check against addr. It honours ctx's deadline for every
-// step. Certificate failures wrap upstream.ErrCertificate.
+// step. Certificate failures wrap upstream.ErrCertificate, or
+// upstream.ErrCertificateTime when the certificate is only expired or not
+// yet valid by this host's clock.
 func (p *Prober) Probe(ctx context.Context, addr string) error {
 	dial := p.DialContext
 	if dial == nil {
@@ -236,8 +238,8 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 	}
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
-		if isCertError(err) {
-			return fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
+		if f, cerr := classifyHandshakeError(err); f != upstream.FailureTLS {
+			return cerr
 		}
 		return fmt.Errorf("tls handshake: %w", err)
 	}
