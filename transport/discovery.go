@@ -375,3 +375,24 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// checkInsecure refuses, for a configuration that does not verify the API
+// servers' certificates (rest.Config.Insecure), the sources of endpoints
+// the user did not name: discovery and Alt-Svc would send the credentials
+// to whoever answers on a discovered or advertised address. Static
+// endpoints stay allowed: the user named them.
+func checkInsecure(cfg *rest.Config, opts Options) error {
+	if !cfg.Insecure {
+		return nil
+	}
+	const ca = "set a CA (TLSClientConfig.CAFile or CAData)"
+	switch {
+	case !opts.DisableDiscovery:
+		return errors.New("transport: rest.Config is Insecure: EndpointSlice discovery would send the credentials to endpoints whose certificates are not verified; " +
+			ca + ", or set Options.DisableDiscovery and name the API servers in Options.Endpoints")
+	case opts.AltSvc != nil:
+		return errors.New("transport: rest.Config is Insecure: Alt-Svc would send the credentials to alternatives whose certificates are not verified; " +
+			ca + ", or leave Options.AltSvc nil")
+	}
+	return nil
+}
