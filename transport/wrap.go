@@ -138,6 +138,9 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	if cfg.Transport != nil {
 		return nil, errors.New("transport: rest.Config.Transport is set: failover needs to make its own connections; use WrapTransport for custom behaviour")
 	}
+	if err := checkInsecure(cfg, opts); err != nil {
+		return nil, err
+	}
 	u, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("transport: rest.Config host %q: %w", cfg.Host, err)

@@ -388,6 +388,8 @@ func (o *options) config() (localproxy.Config, error) {
 		switch {
 		case base == nil && o.kubeconfig == "":
 			bad("enable-discovery", true, fmt.Sprintf("%v; set --kubeconfig", credErr))
+		case base != nil && base.Insecure:
+			bad("kubeconfig", o.kubeconfig, "its cluster sets insecure-skip-tls-verify, and --enable-discovery would send its credentials to endpoints whose certificates are not verified; want a kubeconfig with certificate-authority (or -data), or no --enable-discovery")
 		case base != nil && len(binds) > 0 && bindOK:
 			// Discovery goes through this proxy, never the ClusterIP.
 			proxyAddr := net.JoinHostPort(loopbackOf(binds).String(), strconv.Itoa(o.bindPort))
