@@ -167,6 +167,9 @@ func (c *Config) setDefaults() error {
 		}
 		c.Endpoints[i] = addr
 	}
+	if c.Discovery != nil && c.Discovery.Insecure {
+		return ErrInsecureDiscovery
+	}
 	if c.Origin == "" {
 		c.Origin = c.Endpoints[0]
 	}

@@ -137,3 +137,13 @@ func TestDiscoveryRefusesInsecure(t *testing.T) {
 		assert.ErrorContains(t, err, want)
 	}
 }
+
+// A library user handing New an Insecure discovery configuration gets an
+// error, not a proxy that quietly runs without discovery.
+func TestNewRefusesInsecureDiscovery(t *testing.T) {
+	_, err := localproxy.New(localproxy.Config{
+		Endpoints: []string{"127.0.0.1:6443"},
+		Discovery: &rest.Config{Host: "https://127.0.0.1:6443", TLSClientConfig: rest.TLSClientConfig{Insecure: true}, BearerToken: "token"},
+	})
+	require.ErrorIs(t, err, localproxy.ErrInsecureDiscovery)
+}
