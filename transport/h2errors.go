@@ -138,10 +138,9 @@ func isGoAway(err error) bool {
 	if g := goAwayAbove(); g != nil && errors.Is(err, g) {
 		return true
 	}
-	var ge http2.GoAwayError
-	if errors.As(err, &ge) {
-		return true
-	}
+	// net/http's bundled client (the only one that makes our connections)
+	// reports the rest as its unexported http2GoAwayError; x/net's
+	// deprecated GoAwayError never reaches us.
 	for ; err != nil; err = errors.Unwrap(err) {
 		if t := reflect.TypeOf(err); t.PkgPath() == "net/http" && t.Name() == "http2GoAwayError" {
 			return true

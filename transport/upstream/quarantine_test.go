@@ -15,14 +15,14 @@ import (
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
-// certErrFor is a probe error as a Prober reports a certificate that does not
+// errCertFor is a probe error as a Prober reports a certificate that does not
 // verify (unknown authority).
-var certErrFor = fmt.Errorf("tls: failed to verify certificate: %w: %w", upstream.ErrCertificate, x509.UnknownAuthorityError{})
+var errCertFor = fmt.Errorf("tls: failed to verify certificate: %w: %w", upstream.ErrCertificate, x509.UnknownAuthorityError{})
 
-// notYetValid is a probe error for a certificate that verifies except for its
+// errNotYetValid is a probe error for a certificate that verifies except for its
 // validity period, wrapped as a Prober that knows only ErrCertificate wraps
 // it. crypto/x509 uses Reason Expired for "not yet valid" too.
-var notYetValid = fmt.Errorf("tls: failed to verify certificate: %w: %w", upstream.ErrCertificate, x509.CertificateInvalidError{
+var errNotYetValid = fmt.Errorf("tls: failed to verify certificate: %w: %w", upstream.ErrCertificate, x509.CertificateInvalidError{
 	Reason: x509.Expired,
 	Detail: "current time 2026-01-01T00:00:00Z is before 2026-01-01T00:00:05Z",
 })
@@ -34,7 +34,7 @@ func TestQuarantineIsReprobed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		prober := newProbeLog(func(ctx context.Context, addr string, n int) error {
 			if addr == addrA && n < 3 {
-				return certErrFor
+				return errCertFor
 			}
 			return nil
 		})
@@ -93,7 +93,7 @@ func TestQuarantineAllRecover(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if bad {
-				return certErrFor
+				return errCertFor
 			}
 			return nil
 		})
@@ -137,7 +137,7 @@ func TestQuarantinePassiveNoTightLoop(t *testing.T) {
 			}
 			switch e.Kind {
 			case upstream.EventUp:
-				p.ReportFailure(addrA, upstream.FailureCertificate, certErrFor)
+				p.ReportFailure(addrA, upstream.FailureCertificate, errCertFor)
 			case upstream.EventDown:
 				mu.Lock()
 				downs = append(downs, time.Now())
@@ -171,7 +171,7 @@ func TestCertificateTimeErrorIsTransient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		prober := newProbeLog(func(ctx context.Context, addr string, n int) error {
 			if n < 3 {
-				return notYetValid
+				return errNotYetValid
 			}
 			return nil
 		})
@@ -194,7 +194,7 @@ func TestCertificateTimeErrorPassive(t *testing.T) {
 	p := newPool(t, upstream.Config{Fall: 1})
 	mustSet(t, p, upstream.SourceStatic, specs(addrA))
 	p.ReportSuccess(addrA)
-	p.ReportFailure(addrA, upstream.FailureCertificate, notYetValid)
+	p.ReportFailure(addrA, upstream.FailureCertificate, errNotYetValid)
 	assert.Equal(t, upstream.StateUnhealthy, stateOf(t, p, addrA))
 	p.ReportSuccess(addrA)
 	p.ReportSuccess(addrA)
@@ -317,9 +317,9 @@ func TestProbeFanOutConfig(t *testing.T) {
 func TestCertificateTimeErrorKinds(t *testing.T) {
 	timeErr := fmt.Errorf("tls: %w: %w", upstream.ErrCertificateTime, x509.CertificateInvalidError{Reason: x509.Expired})
 	assert.True(t, upstream.IsCertificateTimeError(timeErr))
-	assert.True(t, upstream.IsCertificateTimeError(notYetValid))
+	assert.True(t, upstream.IsCertificateTimeError(errNotYetValid))
 	assert.True(t, upstream.IsCertificateTimeError(upstream.ErrCertificateTime))
-	assert.False(t, upstream.IsCertificateTimeError(certErrFor))
+	assert.False(t, upstream.IsCertificateTimeError(errCertFor))
 	assert.False(t, upstream.IsCertificateTimeError(x509.CertificateInvalidError{Reason: x509.NotAuthorizedToSign}))
 	assert.False(t, upstream.IsCertificateTimeError(x509.HostnameError{}))
 	assert.False(t, upstream.IsCertificateTimeError(nil))
@@ -353,7 +353,7 @@ func TestCertificateTimeErrorKinds(t *testing.T) {
 // its backoff over.
 func TestQuarantineResetStartsBackoffOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		prober := newProbeLog(func(ctx context.Context, addr string, n int) error { return certErrFor })
+		prober := newProbeLog(func(ctx context.Context, addr string, n int) error { return errCertFor })
 		p := newPool(t, upstream.Config{Prober: prober, Jitter: -1})
 		stop := startRun(t, p)
 		defer stop()
@@ -376,7 +376,7 @@ func TestQuarantineResetStartsBackoffOver(t *testing.T) {
 // /healthz) see a probe loop that runs.
 func TestLastProbeActivity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		prober := newProbeLog(func(ctx context.Context, addr string, n int) error { return certErrFor })
+		prober := newProbeLog(func(ctx context.Context, addr string, n int) error { return errCertFor })
 		p := newPool(t, upstream.Config{Prober: prober})
 		assert.True(t, p.LastProbeActivity().IsZero(), "before Run")
 		stop := startRun(t, p)
