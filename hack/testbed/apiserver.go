@@ -39,6 +39,9 @@ type APIServer struct {
 	proc *process   // current or last process; nil before the first start
 	hung bool       // SIGSTOPped
 	shim *shim      // the relay of Slow; nil when not slow
+	// oldShims are relays Fast left to their connections (closed by
+	// Bed.Close).
+	oldShims []*shim
 	// cert is the serving pair of a certificate fault (see
 	// RestartNotYetValid), nil for the shared good one.
 	cert *servingCert

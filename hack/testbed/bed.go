@@ -336,6 +336,7 @@ func (b *Bed) RemoveAPIServer(ctx context.Context, s *APIServer) error {
 	if err := errors.Join(s.Restore(), s.Fast()); err != nil {
 		return err
 	}
+	s.closeShims()
 	b.mu.Lock()
 	b.members = slices.DeleteFunc(b.members, func(m *APIServer) bool { return m == s })
 	b.mu.Unlock()
@@ -423,6 +424,7 @@ func (b *Bed) Close() error {
 		var errs []error
 		for _, s := range b.APIServers() {
 			errs = append(errs, s.Fast())
+			s.closeShims()
 		}
 		errs = append(errs, b.procs.killAll())
 		if b.fw != nil {

@@ -95,23 +95,38 @@ func (s *APIServer) Slow(d Slowness) error {
 	return nil
 }
 
-// Fast removes the shim of Slow: the DNAT rule goes, then the relay closes
-// with every connection through it (their clients see them reset). No-op
-// when not slow.
+// Fast removes the shim of Slow: the DNAT rule goes, so new connections
+// reach the apiserver directly, and the shim stops accepting and stops
+// holding bytes: connections through it go on at full speed until their
+// ends close them (or Bed.Close). No-op when not slow.
 func (s *APIServer) Fast() error {
 	s.mu.Lock()
 	sh := s.shim
 	s.shim = nil
+	if sh != nil {
+		s.oldShims = append(s.oldShims, sh)
+	}
 	s.mu.Unlock()
 	if sh == nil {
 		return nil
 	}
 	err := s.bed.fw.set(slowOwner(s.host), nil)
-	sh.close()
+	sh.goFast()
 	if err != nil {
 		return fmt.Errorf("%s: fast: %w", s.name, err)
 	}
 	return nil
+}
+
+// closeShims closes the shims Fast left running, and their connections.
+func (s *APIServer) closeShims() {
+	s.mu.Lock()
+	old := s.oldShims
+	s.oldShims = nil
+	s.mu.Unlock()
+	for _, sh := range old {
+		sh.close()
+	}
 }
 
 // Slowed reports whether the apiserver is behind a Slow shim.
@@ -149,6 +164,9 @@ type shim struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 
+	fastOnce sync.Once
+	fast     chan struct{} // closed by goFast: hold nothing any more
+
 	wg sync.WaitGroup // the accept loop and every relayed connection
 }
 
@@ -162,6 +180,7 @@ func startShim(host, upstream string, d Slowness) (*shim, error) {
 		upstream: upstream,
 		delays:   d,
 		conns:    make(map[net.Conn]struct{}),
+		fast:     make(chan struct{}),
 		dialer: net.Dialer{
 			Timeout: 5 * time.Second,
 			Control: func(_, _ string, c syscall.RawConn) error {
@@ -205,8 +224,15 @@ func (sh *shim) untrack(c net.Conn) {
 	c.Close()
 }
 
+// goFast stops accepting and holding bytes; relayed connections go on.
+func (sh *shim) goFast() {
+	sh.fastOnce.Do(func() { close(sh.fast) })
+	sh.ln.Close()
+}
+
 // close stops accepting, closes every relayed connection and waits.
 func (sh *shim) close() {
+	sh.goFast()
 	sh.mu.Lock()
 	sh.closed = true
 	conns := make([]net.Conn, 0, len(sh.conns))
@@ -258,7 +284,7 @@ func (sh *shim) relay(client net.Conn, d Slowness) {
 		done <- struct{}{}
 	}()
 	go func() {
-		delayedCopy(client, server, d)
+		delayedCopy(client, server, d, sh.fast)
 		done <- struct{}{}
 	}()
 	<-done
@@ -280,8 +306,9 @@ type chunk struct {
 }
 
 // delayedCopy copies src to dst, each chunk written d.Handshake (the
-// first) or d.Response (the others) after it was read.
-func delayedCopy(dst, src net.Conn, d Slowness) {
+// first) or d.Response (the others) after it was read, until fast is
+// closed: from then on at once.
+func delayedCopy(dst, src net.Conn, d Slowness, fast <-chan struct{}) {
 	chunks := make(chan chunk, 64)
 	go func() {
 		defer close(chunks)
@@ -302,7 +329,11 @@ func delayedCopy(dst, src net.Conn, d Slowness) {
 	for c := range chunks {
 		if wait := time.Until(c.at.Add(delay)); wait > 0 {
 			timer.Reset(wait)
-			<-timer.C
+			select {
+			case <-timer.C:
+			case <-fast:
+				timer.Stop()
+			}
 		}
 		delay = d.Response
 		if _, err := dst.Write(c.data); err != nil {
