@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,14 +24,14 @@ type ClientConfig struct {
 	// Origin is the origin whose responses are trusted. Required; Scheme
 	// must be "https".
 	Origin Origin
-	// AllowedCIDRs admits alternatives whose host is an IP address in one
-	// of these prefixes.
-	AllowedCIDRs []netip.Prefix
-	// AllowDiscovered admits alternatives the pool already knows from
-	// EndpointSlice discovery. An alternative admitted by neither rule is
-	// ignored: apiserver proxy subresources pass upstream headers through,
-	// so a header alone proves nothing.
-	AllowDiscovered bool
+	// Admit decides which alternatives may be used; addr is the
+	// alternative's address as upstream.ParseAddr spells it (host:port,
+	// with the origin's host when the alternative names none). Required:
+	// apiserver proxy subresources pass upstream headers through, so a
+	// header alone proves nothing; the caller knows which addresses and
+	// ports belong to API servers. Admit is called for every alternative
+	// on every response that is observed, outside the Learner's lock.
+	Admit func(addr string) bool
 	// Cache holds what was learned. If nil, NewCache with defaults (entries
 	// expire after ma minus Age, at most 70s).
 	Cache *Cache
@@ -46,7 +45,7 @@ type ClientConfig struct {
 // Learner learns alternatives from the Alt-Svc headers of responses from
 // the origin and feeds them to the pool. Only responses that arrived over
 // HTTP/2 with a verified TLS connection count, never a 421, and only
-// alternatives with protocol h2 that the allowlist admits. Connections to an
+// alternatives with protocol h2 that ClientConfig.Admit admits. Connections to an
 // alternative verify its certificate for the origin's name (the transport's
 // TLS configuration), so an alternative cannot impersonate the origin. One
 // Learner serves every RoundTripper of a client, so they agree on what was
@@ -62,6 +61,9 @@ type Learner struct {
 func NewLearner(cfg ClientConfig) (*Learner, error) {
 	if cfg.Pool == nil {
 		return nil, fmt.Errorf("altsvc: ClientConfig.Pool is nil")
+	}
+	if cfg.Admit == nil {
+		return nil, fmt.Errorf("altsvc: ClientConfig.Admit is nil: without an admission policy no alternative would be used")
 	}
 	if cfg.Origin.Scheme != "https" || cfg.Origin.Host == "" || cfg.Origin.Port < 1 || cfg.Origin.Port > 65535 {
 		return nil, fmt.Errorf("altsvc: ClientConfig.Origin %+v: want scheme https, a host and a port 1-65535", cfg.Origin)
@@ -180,7 +182,7 @@ func (l *Learner) apply(now time.Time) {
 	l.applied = addrs
 }
 
-// admit returns the pool address of an alternative the policy allows.
+// admit returns the pool address of an h2 alternative that Admit admits.
 func (l *Learner) admit(a Alternative) (string, bool) {
 	if a.Protocol != "h2" {
 		return "", false
@@ -193,27 +195,11 @@ func (l *Learner) admit(a Alternative) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		for _, p := range l.cfg.AllowedCIDRs {
-			if p.Contains(ip.Unmap()) {
-				return addr, true
-			}
-		}
+	if !l.cfg.Admit(addr) {
+		l.cfg.Logger.V(2).Info("ignoring alternative the policy does not admit", "alternative", addr)
+		return "", false
 	}
-	if l.cfg.AllowDiscovered && l.discovered(addr) {
-		return addr, true
-	}
-	l.cfg.Logger.V(2).Info("ignoring alternative outside the allowlist", "alternative", addr)
-	return "", false
-}
-
-func (l *Learner) discovered(addr string) bool {
-	for _, s := range l.cfg.Pool.Status() {
-		if s.Addr == addr {
-			return s.Sources&upstream.SourceDiscovery != 0
-		}
-	}
-	return false
+	return addr, true
 }
 
 // ageOf reads the Age header (RFC 9111 delta-seconds); invalid means 0.

@@ -62,10 +62,10 @@ func newClient(t *testing.T, f *fakeRT, mut func(*altsvc.ClientConfig)) (*altsvc
 	require.NoError(t, err)
 	now := time.Unix(1_700_000_000, 0)
 	cfg := altsvc.ClientConfig{
-		Pool:         p,
-		Origin:       apiOrigin,
-		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.250.0.0/24")},
-		Now:          func() time.Time { return now },
+		Pool:   p,
+		Origin: apiOrigin,
+		Admit:  admitCIDR(netip.MustParsePrefix("10.250.0.0/24")),
+		Now:    func() time.Time { return now },
 	}
 	if mut != nil {
 		mut(&cfg)
@@ -73,6 +73,14 @@ func newClient(t *testing.T, f *fakeRT, mut func(*altsvc.ClientConfig)) (*altsvc
 	rt, err := altsvc.NewRoundTripper(cfg, f)
 	require.NoError(t, err)
 	return rt, p, &now
+}
+
+// admitCIDR admits alternatives whose address is in prefix.
+func admitCIDR(prefix netip.Prefix) func(string) bool {
+	return func(addr string) bool {
+		ap, err := netip.ParseAddrPort(addr)
+		return err == nil && prefix.Contains(ap.Addr())
+	}
 }
 
 func send(t *testing.T, rt http.RoundTripper, url string) {
@@ -138,22 +146,28 @@ func TestClientExpiryAndClear(t *testing.T) {
 	assert.Empty(t, altSvcAddrs(p))
 }
 
-func TestClientAllowDiscovered(t *testing.T) {
-	f := &fakeRT{header: http.Header{"Alt-Svc": {`h2="192.0.2.7:6443", h2="192.0.2.8:6443"`}}, status: 200, proto: 2, verified: true}
+func TestClientAdmit(t *testing.T) {
+	f := &fakeRT{header: http.Header{"Alt-Svc": {`h2="192.0.2.7:6443", h2="[2001:DB8::0:1]:6443", h2="192.0.2.8:6443", h2=":7443"`}}, status: 200, proto: 2, verified: true}
+	var asked []string
 	rt, p, _ := newClient(t, f, func(c *altsvc.ClientConfig) {
-		c.AllowedCIDRs = nil
-		c.AllowDiscovered = true
+		c.Admit = func(addr string) bool {
+			asked = append(asked, addr)
+			return addr == "192.0.2.7:6443"
+		}
 	})
-	require.NoError(t, p.Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: "192.0.2.7:6443"}}))
 	send(t, rt, "https://10.250.0.1:6443/")
-	assert.Equal(t, []string{"192.0.2.7:6443"}, altSvcAddrs(p), "only the discovered one is admitted")
+	assert.Equal(t, []string{"192.0.2.7:6443"}, altSvcAddrs(p), "only the admitted one is used")
+	assert.ElementsMatch(t, []string{"192.0.2.7:6443", "[2001:db8::1]:6443", "192.0.2.8:6443", "10.250.0.1:7443"}, asked,
+		"Admit sees pool addresses, with the origin's host for the shorthand")
 }
 
 func TestNewRoundTripperValidates(t *testing.T) {
 	p, _ := upstream.New(upstream.Config{})
 	_, err := altsvc.NewRoundTripper(altsvc.ClientConfig{Origin: apiOrigin}, http.DefaultTransport)
 	assert.ErrorContains(t, err, "Pool")
-	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Pool: p, Origin: altsvc.Origin{Scheme: "http", Host: "a", Port: 80}}, http.DefaultTransport)
+	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Pool: p, Origin: apiOrigin}, http.DefaultTransport)
+	assert.ErrorContains(t, err, "Admit")
+	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Pool: p, Origin: altsvc.Origin{Scheme: "http", Host: "a", Port: 80}, Admit: admitCIDR(netip.Prefix{})}, http.DefaultTransport)
 	assert.ErrorContains(t, err, "https")
 }
 

@@ -1,6 +1,7 @@
 package localproxy
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,10 +28,21 @@ func DiscoveryConfig(base *rest.Config, proxyAddr, serverName string) *rest.Conf
 	return cfg
 }
 
+// ErrInsecureDiscovery: the discovery configuration does not verify the API
+// server's certificate (rest.Config.Insecure, a kubeconfig's
+// insecure-skip-tls-verify).
+var ErrInsecureDiscovery = errors.New("localproxy: the discovery configuration is Insecure (insecure-skip-tls-verify): " +
+	"discovery would send the credentials to endpoints whose certificates are not verified; " +
+	"set the cluster CA (certificate-authority in the kubeconfig, or TLSClientConfig.CAFile or CAData)")
+
 // newDiscovery returns the shared transport.Discoverer for the pool, with a
 // client for cfg (which goes through this proxy). Once discovery finds
 // endpoints, the state file's endpoints are dropped: discovery knows better.
+// It refuses an Insecure cfg.
 func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*transport.Discoverer, error) {
+	if cfg.Insecure {
+		return nil, ErrInsecureDiscovery
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: discovery client: %w", err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -120,5 +121,19 @@ func TestDiscoveryThroughTheProxy(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Discovery with a configuration that does not verify the API server's
+// certificate would send its credentials to whoever answers on a
+// discovered address: refused.
+func TestDiscoveryRefusesInsecure(t *testing.T) {
+	pool, err := upstream.New(upstream.Config{})
+	require.NoError(t, err)
+	base := &rest.Config{TLSClientConfig: rest.TLSClientConfig{Insecure: true}, BearerToken: "token"}
+	_, err = localproxy.NewDiscovery(localproxy.DiscoveryConfig(base, "127.0.0.1:7445", "kubernetes.default.svc"), pool, time.Second, logr.Discard())
+	require.Error(t, err)
+	for _, want := range []string{"Insecure", "insecure-skip-tls-verify", "CA"} {
+		assert.ErrorContains(t, err, want)
 	}
 }

@@ -77,8 +77,10 @@ func (p *Proxy) Status() Status {
 func (p *Proxy) isReady() bool { return !p.stopping.Load() && p.pool.Healthy() }
 
 // live reports whether every accept loop runs and accepts (or has failed
-// for less than acceptStuckAfter) and the pool's probe loop ran recently;
-// the error says what is wrong.
+// for less than acceptStuckAfter) and the pool's probe loop ran recently
+// (started a round or a probe: a round with nothing due, every endpoint
+// quarantined and waiting for its re-probe, counts); the error says what
+// is wrong.
 func (p *Proxy) live(startedAt time.Time) error {
 	if n, want := int(p.accepting.Load()), len(p.cfg.ListenAddresses); n < want && !p.stopping.Load() {
 		return fmt.Errorf("%d of %d accept loops running", n, want)
@@ -91,10 +93,11 @@ func (p *Proxy) live(startedAt time.Time) error {
 	}
 	pc := p.pool.Config()
 	stale := 3*pc.Interval + pc.Timeout
-	age, ok := p.beat.age()
-	if !ok {
-		age = time.Since(startedAt)
+	last := p.pool.LastProbeActivity()
+	if last.IsZero() {
+		last = startedAt
 	}
+	age := time.Since(last)
 	if age > stale {
 		return fmt.Errorf("no health probe for %v (expected every %v)", age.Round(time.Millisecond), pc.Interval)
 	}

@@ -276,3 +276,31 @@ func TestHealthzFailsWhenProbesStop(t *testing.T) {
 	pr.release()
 	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
 }
+
+// While every endpoint is quarantined the probe loop waits for their
+// re-probes (QuarantineBackoff) and starts no probe for longer than
+// /healthz's limit; the loop still runs, so /healthz stays ok (only
+// /readyz fails).
+func TestHealthzOKWhileEveryEndpointIsQuarantined(t *testing.T) {
+	echo := newEcho(t)
+	var calls atomic.Int64
+	pr := upstream.ProberFunc(func(ctx context.Context, addr string) error {
+		calls.Add(1)
+		return fmt.Errorf("tls: %w", upstream.ErrCertificate)
+	})
+	const interval = 300 * time.Millisecond
+	r := start(t, localproxy.Config{
+		Endpoints:     []string{echo.addr()},
+		HealthAddress: "127.0.0.1:0",
+		Pool: upstream.Config{Prober: pr, Interval: interval, Timeout: 100 * time.Millisecond,
+			QuarantineBackoff: time.Minute},
+	})
+	require.Eventually(t, func() bool { return calls.Load() > 0 }, 10*time.Second, 5*time.Millisecond)
+	hz := newHealthz(r)
+	rz := &healthz{url: "http://" + r.HealthAddr().String() + "/readyz"}
+	require.Eventually(t, rz.is(http.StatusServiceUnavailable, "no healthy endpoint"), 10*time.Second, 5*time.Millisecond, "last /readyz: %v", rz)
+	// /healthz fails 3 intervals + the timeout (1s) after the last probe
+	// round; watch it for three times that.
+	assert.Never(t, func() bool { return !hz.is(http.StatusOK, "ok")() }, 3*time.Second, 20*time.Millisecond, "last /healthz: %v", hz)
+	assert.Equal(t, int64(1), calls.Load(), "the quarantined endpoint waits for its re-probe")
+}

@@ -20,6 +20,7 @@ type metrics struct {
 	failovers    *prometheus.CounterVec
 	closed       *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
+	endpoints    *transport.EndpointSeries // of dials and dialDuration
 }
 
 // newMetrics registers the proxy's collectors and the pool's endpoint
@@ -70,6 +71,8 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			return nil, err
 		}
 	}
+	// The subscription lives as long as the pool: both belong to one Proxy.
+	m.endpoints = transport.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec)
 	return m, nil
 }
 
@@ -81,4 +84,5 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 	}
 	m.dials.WithLabelValues(addr, result).Inc()
 	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
+	m.endpoints.Observed(addr)
 }

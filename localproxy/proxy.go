@@ -39,7 +39,6 @@ type Proxy struct {
 	// every endpoint refused.
 	hold transport.Holdoff
 	m    *metrics
-	beat heartbeat
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -90,11 +89,7 @@ func New(cfg Config) (*Proxy, error) {
 		drainBy:    make(map[string]time.Time),
 		downDrains: make(map[string]*time.Timer),
 	}
-	poolCfg := cfg.Pool
-	if poolCfg.Prober != nil {
-		poolCfg.Prober = p.beat.wrap(poolCfg.Prober)
-	}
-	pool, err := upstream.New(poolCfg)
+	pool, err := upstream.New(cfg.Pool)
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
@@ -164,6 +159,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 	defer cancel()
 	unsubscribe := p.pool.Subscribe(p.onEvent)
 	defer unsubscribe()
+	if pr, ok := p.pool.Config().Prober.(*transport.Prober); ok {
+		// A new CA (--ca-file rotated) may verify what the old one did not.
+		defer pr.OnCAChange(p.pool.ResetQuarantine)()
+	}
 
 	var bg sync.WaitGroup // everything but the accept loops and connections
 	bg.Go(func() { p.pool.Run(runCtx) })
@@ -586,25 +585,4 @@ func addrStrings(lns []net.Listener) []string {
 		out[i] = ln.Addr().String()
 	}
 	return out
-}
-
-// heartbeat records when the pool last ran a probe, for /healthz.
-type heartbeat struct {
-	last atomic.Int64 // unix nanoseconds
-}
-
-func (h *heartbeat) wrap(pr upstream.Prober) upstream.Prober {
-	return upstream.ProberFunc(func(ctx context.Context, addr string) error {
-		h.last.Store(time.Now().UnixNano())
-		return pr.Probe(ctx, addr)
-	})
-}
-
-// age returns how long ago the last probe started; ok is false if none has.
-func (h *heartbeat) age() (time.Duration, bool) {
-	ns := h.last.Load()
-	if ns == 0 {
-		return 0, false
-	}
-	return time.Since(time.Unix(0, ns)), true
 }

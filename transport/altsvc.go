@@ -2,6 +2,8 @@ package transport
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -19,17 +21,26 @@ import (
 //
 // Alternatives are learned only from HTTP/2 responses over verified TLS for
 // the origin, never from 421 responses, only with protocol h2, and only when
-// the allowlist admits them: apiserver proxy subresources pass upstream
-// headers through, so a header alone proves nothing. Connections to an
-// alternative verify its certificate for the origin's name, like every
-// connection. Requests sent to an alternative carry Alt-Used.
+// the allowlist admits both the address and the port: apiserver proxy
+// subresources pass upstream headers through, so a header alone proves
+// nothing. Connections to an alternative verify its certificate for the
+// origin's name, like every connection. Requests sent to an alternative
+// carry Alt-Used.
 type AltSvcOptions struct {
 	// AllowedCIDRs admits alternatives whose address is in one of these
-	// prefixes.
+	// prefixes, on a port API servers are known to use (see AllowedPorts).
 	AllowedCIDRs []netip.Prefix
-	// AllowDiscovered admits alternatives already known from EndpointSlice
-	// discovery.
+	// AllowDiscovered admits alternatives already known, with their port,
+	// from EndpointSlice discovery.
 	AllowDiscovered bool
+	// AllowedPorts are ports an alternative in AllowedCIDRs may use besides
+	// the ones API servers are known to use: the origin's, those of
+	// Options.Endpoints and those of discovered endpoints. Other ports are
+	// refused: on a control-plane node the kubelet (port 10250) may serve
+	// a certificate from the cluster CA that carries the node's address,
+	// and an injected h2=":10250" would send it the credentials. If empty,
+	// no other port.
+	AllowedPorts []int
 	// MaxTTL caps how long an alternative is kept after the last header
 	// listing it. If zero, 70s (kube-apiserver's default shutdown window).
 	MaxTTL time.Duration
@@ -41,16 +52,69 @@ func newAltSvcLearner(o *AltSvcOptions, u *url.URL, pool *upstream.Pool, log log
 	if len(o.AllowedCIDRs) == 0 && !o.AllowDiscovered {
 		return nil, errors.New("transport: Options.AltSvc: set AllowedCIDRs or AllowDiscovered; without an allowlist no alternative would ever be used")
 	}
+	a := &altSvcAdmitter{pool: pool, cidrs: o.AllowedCIDRs, discovered: o.AllowDiscovered}
+	for _, p := range o.AllowedPorts {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("transport: Options.AltSvc.AllowedPorts: invalid port %d: want 1-65535", p)
+		}
+		a.ports = append(a.ports, p)
+	}
 	port, err := strconv.Atoi(u.Port())
 	if err != nil || u.Port() == "" {
 		port = 443
 	}
 	return altsvc.NewLearner(altsvc.ClientConfig{
-		Pool:            pool,
-		Origin:          altsvc.Origin{Scheme: u.Scheme, Host: u.Hostname(), Port: port},
-		AllowedCIDRs:    o.AllowedCIDRs,
-		AllowDiscovered: o.AllowDiscovered,
-		Cache:           altsvc.NewCache(altsvc.CacheConfig{MaxTTL: o.MaxTTL}),
-		Logger:          log,
+		Pool:   pool,
+		Origin: altsvc.Origin{Scheme: u.Scheme, Host: u.Hostname(), Port: port},
+		Admit:  a.admit,
+		Cache:  altsvc.NewCache(altsvc.CacheConfig{MaxTTL: o.MaxTTL}),
+		Logger: log,
 	})
+}
+
+// altSvcAdmitter is the Alt-Svc allowlist: an alternative needs an allowed
+// address (in a CIDR, or discovered) and a port API servers use.
+type altSvcAdmitter struct {
+	pool       *upstream.Pool
+	cidrs      []netip.Prefix
+	discovered bool
+	ports      []int // AllowedPorts
+}
+
+// admit implements altsvc.ClientConfig.Admit; addr is a pool address.
+func (a *altSvcAdmitter) admit(addr string) bool {
+	if a.discovered && a.pool.Sources(addr)&upstream.SourceDiscovery != 0 {
+		return true // the address and its port come from the EndpointSlice
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return false // a DNS name: only discovery vouches for those
+	}
+	ip := ap.Addr().Unmap()
+	for _, p := range a.cidrs {
+		if p.Contains(ip) {
+			return a.knownPort(int(ap.Port()))
+		}
+	}
+	return false
+}
+
+// knownPort reports whether port is in AllowedPorts or is the port of an
+// endpoint known from configuration (the origin is one) or discovery.
+// Alternatives learned from Alt-Svc do not vouch for a port.
+func (a *altSvcAdmitter) knownPort(port int) bool {
+	for _, p := range a.ports {
+		if p == port {
+			return true
+		}
+	}
+	for _, s := range a.pool.Status() {
+		if s.Sources&(upstream.SourceStatic|upstream.SourceDiscovery) == 0 {
+			continue
+		}
+		if _, p, err := net.SplitHostPort(s.Addr); err == nil && p == strconv.Itoa(port) {
+			return true
+		}
+	}
+	return false
 }

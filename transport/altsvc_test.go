@@ -2,9 +2,11 @@ package transport_test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
@@ -64,7 +66,8 @@ func TestAltSvcLearnsAlternativesAndSurvivesTheFront(t *testing.T) {
 			fmt.Fprint(w, s.name)
 		})
 	}
-	f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+	// The test servers listen on ports of their own: allow them.
+	f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, a.addr), portOf(t, b.addr)}})
 	assert.Equal(t, front.name, mustGet(t, f, "/api"))
 	require.Eventually(t, func() bool {
 		eps := altSvcEndpoints(f)
@@ -87,7 +90,7 @@ func TestAltSvcPoisoning(t *testing.T) {
 		c := newCluster(t, 1)
 		impostor := newServer(t, "impostor", c.pki.wrong)
 		advertise(c.servers[0], impostor.addr)
-		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, impostor.addr)}})
 		mustGet(t, f, "/api")
 		require.Eventually(t, func() bool {
 			return altSvcEndpoints(f)[impostor.addr] == upstream.StateQuarantined
@@ -128,6 +131,11 @@ func TestAltSvcPoisoning(t *testing.T) {
 		_, err := transport.Wrap(t.Context(), c.config(), transport.Options{DisableDiscovery: true, AltSvc: &transport.AltSvcOptions{}})
 		require.ErrorContains(t, err, "AllowedCIDRs")
 	})
+	t.Run("invalid port is an error", func(t *testing.T) {
+		c := newCluster(t, 1)
+		_, err := transport.Wrap(t.Context(), c.config(), transport.Options{DisableDiscovery: true, AltSvc: &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{0}}})
+		require.ErrorContains(t, err, "AllowedPorts")
+	})
 }
 
 func (c *cluster) named(name string) *server {
@@ -137,4 +145,75 @@ func (c *cluster) named(name string) *server {
 		}
 	}
 	return nil
+}
+
+// An alternative on an allowed address is used only on a port API servers
+// are known to use: on a control-plane node the kubelet's serving
+// certificate (port 10250, from the cluster CA) may carry the node's
+// address, and an injected h2=":10250" must not send it the credentials.
+func TestAltSvcAdmitsOnlyAPIServerPorts(t *testing.T) {
+	t.Run("unknown port", func(t *testing.T) {
+		c := newCluster(t, 1)
+		kubelet := newServer(t, "kubelet", c.pki.cert)
+		advertise(c.servers[0], kubelet.addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+		for range 5 {
+			assert.Equal(t, c.servers[0].name, mustGet(t, f, "/api"))
+		}
+		assert.Empty(t, altSvcEndpoints(f))
+		c.servers[0].kill()
+		_, err := get(t, f, "/api")
+		require.Error(t, err, "the kubelet must not serve")
+		assert.Zero(t, kubelet.count("GET /api"), "no request may reach the other port")
+	})
+	t.Run("port in AllowedPorts", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, c.servers[1].addr)}})
+		mustGet(t, f, "/api")
+		assert.Contains(t, altSvcEndpoints(f), c.servers[1].addr)
+	})
+	t.Run("port of a static endpoint", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		advertise(c.servers[1], c.servers[1].addr) // either may answer first
+		f, err := transport.Wrap(t.Context(), c.config(), transport.Options{
+			DisableDiscovery: true,
+			Endpoints:        []string{c.servers[1].addr},
+			AltSvc:           &transport.AltSvcOptions{AllowedCIDRs: loopback},
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { f.Close() })
+		mustGet(t, f, "/api")
+		assert.Contains(t, altSvcEndpoints(f), c.servers[1].addr)
+	})
+	t.Run("port of a discovered endpoint", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
+		// Another address with the same port, as an EndpointSlice lists
+		// every API server with the one port they share.
+		require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: fmt.Sprintf("127.0.0.3:%d", portOf(t, c.servers[1].addr))}}))
+		mustGet(t, f, "/api")
+		assert.Contains(t, altSvcEndpoints(f), c.servers[1].addr)
+	})
+	t.Run("discovered endpoint with AllowDiscovered", func(t *testing.T) {
+		c := newCluster(t, 2)
+		advertise(c.servers[0], c.servers[1].addr)
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowDiscovered: true})
+		mustGet(t, f, "/api")
+		assert.Empty(t, altSvcEndpoints(f), "not discovered yet")
+		require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: c.servers[1].addr}}))
+		mustGet(t, f, "/api")
+		assert.Contains(t, altSvcEndpoints(f), c.servers[1].addr)
+	})
+}
+
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	n, err := strconv.Atoi(p)
+	require.NoError(t, err)
+	return n
 }

@@ -46,6 +46,13 @@ type connPool struct {
 	conns   map[string][]*clientConn
 	dialing map[string]*dialCall // in-flight dials by first candidate
 	closed  bool
+	// gen counts EventDown and EventRemoved events; goneAt holds, per
+	// endpoint, the count at its latest one. A dial that started before
+	// its endpoint went down or was removed discards its connection
+	// (onEvent closed the others, and would not see this one). Cleared
+	// when no dial is in flight.
+	gen    uint64
+	goneAt map[string]uint64
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
 	hold Holdoff
@@ -73,7 +80,10 @@ type clientConn struct {
 
 type dialCall struct {
 	done chan struct{}
-	err  error
+	// Set before done is closed: the connection the dial opened (nil if
+	// it was discarded) or the error.
+	c   *clientConn
+	err error
 }
 
 type dialPlanKey struct{}
@@ -97,6 +107,7 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Tr
 		m:       m,
 		conns:   make(map[string][]*clientConn),
 		dialing: make(map[string]*dialCall),
+		goneAt:  make(map[string]uint64),
 	}
 	t.DialTLSContext = p.dialTLS
 	return p
@@ -120,7 +131,10 @@ func (p *connPool) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 // get returns a connection with a reserved request slot on the best
 // endpoint not in exclude, dialing one if needed. The dial runs on the
 // pool's context, not the request's: a request that gives up does not waste
-// a connection others will use.
+// a connection others will use. A request waiting for a dial is served by
+// the connection the dial opened, whichever endpoint won the race: a slow
+// first candidate may lose every race, and the pool demotes it only after
+// a few (see upstream.Pool.ReportDialRace).
 func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientConn, error) {
 	for {
 		cands := p.pool.Candidates()
@@ -161,6 +175,11 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			if call.err != nil {
 				return nil, call.err
 			}
+			if call.c != nil && p.reserveConn(call.c) {
+				return call.c, nil
+			}
+			// Taken (HTTP/1.1 serves one request at a time) or discarded:
+			// look again.
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -190,32 +209,39 @@ func (p *connPool) reserve(addr string) *clientConn {
 		}
 	}
 	p.mu.Unlock()
-	var dead []*clientConn
-	defer func() { closeAll(dead) }()
 	for _, c := range cands {
-		if err := c.cc.Reserve(); err == nil {
-			p.mu.Lock()
-			ok := !c.retiring && !c.closedByPool && !p.closed
-			if ok {
-				// A request is in flight: a loss from now on is news.
-				c.lastInFlight = max(c.lastInFlight, 1)
-			}
-			p.mu.Unlock()
-			if ok {
-				return c
-			}
-			c.cc.Release()
-			continue
-		}
-		if c.cc.Err() != nil || c.cc.InFlight() == 0 {
-			// Closed, or unusable while idle (GOAWAY): drop it.
-			p.mu.Lock()
-			c.closedByPool = true
-			p.mu.Unlock()
-			dead = append(dead, c)
+		if p.reserveConn(c) {
+			return c
 		}
 	}
 	return nil
+}
+
+// reserveConn reserves a request slot on c unless it is retiring or
+// closed; it closes c if it is found unusable while idle.
+func (p *connPool) reserveConn(c *clientConn) bool {
+	if err := c.cc.Reserve(); err == nil {
+		p.mu.Lock()
+		ok := !c.retiring && !c.closedByPool && !p.closed
+		if ok {
+			// A request is in flight: a loss from now on is news.
+			c.lastInFlight = max(c.lastInFlight, 1)
+		}
+		p.mu.Unlock()
+		if !ok {
+			c.cc.Release()
+		}
+		return ok
+	}
+	if c.cc.Err() != nil || c.cc.InFlight() == 0 {
+		// Closed, or unusable while idle (GOAWAY): drop it.
+		p.mu.Lock()
+		c.closedByPool = true
+		p.removeLocked(c)
+		p.mu.Unlock()
+		c.cc.Close()
+	}
+	return false
 }
 
 func closeAll(cs []*clientConn) {
@@ -230,12 +256,19 @@ func closeAll(cs []*clientConn) {
 func (p *connPool) dial(first string, cands []string, all bool, round uint64, call *dialCall) {
 	plan := &dialPlan{candidates: cands}
 	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
+	p.mu.Lock()
+	began := p.gen
+	p.mu.Unlock()
 	cc, err := p.t.NewClientConn(ctx, "https", p.origin)
 	p.mu.Lock()
 	delete(p.dialing, first)
 	if err == nil && p.closed {
 		err = errClosed
 		cc.Close()
+	}
+	gone := err == nil && p.goneAt[plan.addr] > began
+	if len(p.dialing) == 0 {
+		clear(p.goneAt)
 	}
 	switch {
 	case err == nil:
@@ -244,7 +277,12 @@ func (p *connPool) dial(first string, cands []string, all bool, round uint64, ca
 		p.hold.Failed(round, err)
 	}
 	var c *clientConn
-	if err == nil {
+	switch {
+	case gone:
+		// Its endpoint went down or was removed while it connected; the
+		// waiters look again.
+		p.log.V(2).Info("discarding a connection whose endpoint went away while it was dialed", "endpoint", plan.addr)
+	case err == nil:
 		c = &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
 		p.conns[plan.addr] = append(p.conns[plan.addr], c)
 		if plan.addr != first {
@@ -252,8 +290,11 @@ func (p *connPool) dial(first string, cands []string, all bool, round uint64, ca
 		}
 		p.log.V(3).Info("connected", "endpoint", plan.addr, "wanted", first)
 	}
-	call.err = err
+	call.c, call.err = c, err
 	p.mu.Unlock()
+	if gone {
+		cc.Close()
+	}
 	if c != nil {
 		// Outside p.mu: SetStateHook may run the hook at once.
 		cc.SetStateHook(c.onState)
@@ -347,7 +388,8 @@ func (p *connPool) retire(which func(addr string) bool) []*clientConn {
 		if !which(addr) {
 			continue
 		}
-		for _, c := range cs {
+		// A copy: removeLocked shifts p.conns[addr] under the loop.
+		for _, c := range slices.Clone(cs) {
 			if c.retiring {
 				continue
 			}
@@ -476,6 +518,12 @@ func (p *connPool) undrain(addr string) {
 func (p *connPool) onEvent(ev upstream.Event) {
 	switch ev.Kind {
 	case upstream.EventDown, upstream.EventRemoved:
+		p.mu.Lock()
+		p.gen++
+		if len(p.dialing) > 0 {
+			p.goneAt[ev.Addr] = p.gen
+		}
+		p.mu.Unlock()
 		if Graceful(ev) {
 			// The server still answers, typically shutting down
 			// gracefully: no new requests go there, running ones finish

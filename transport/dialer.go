@@ -39,6 +39,10 @@ type Dialer struct {
 	// that a server that accepts TCP but never answers loses the race. Its
 	// ServerName must be the origin's name.
 	TLSConfig *tls.Config
+	// GetTLSConfig, if set, is called for every handshake and its result
+	// used instead of TLSConfig, which must be set too (e.g. a clone whose
+	// RootCAs follow a CA file as it rotates).
+	GetTLSConfig func() *tls.Config
 	// StaggerDelay is how long an attempt may run before the next candidate
 	// is tried in parallel. A failed attempt starts the next one at once.
 	// If zero, DefaultStaggerDelay (250ms). If negative, all candidates are
@@ -211,6 +215,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	stagger := time.NewTimer(d.staggerDelay())
 	defer stagger.Stop()
 	errs := []error{ErrNoEndpoint}
+	firstFailed := false
 	for inflight > 0 {
 		select {
 		case r := <-results:
@@ -220,7 +225,15 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 					cancel()
 					go closeLosers(results, inflight)
 				}
+				// The pool demotes a first candidate that keeps losing
+				// races to later ones: it is slow (see upstream.ReportDialRace).
+				if won := r.addr == candidates[0]; won || !firstFailed {
+					d.Pool.ReportDialRace(candidates[0], won)
+				}
 				return r.conn, r.addr, nil
+			}
+			if r.addr == candidates[0] {
+				firstFailed = true
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", r.addr, r.err))
 			if next < len(candidates) && ctx.Err() == nil {
@@ -278,14 +291,14 @@ func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error
 	if d.TLSConfig == nil {
 		return tc, nil
 	}
-	conn := tls.Client(tc, d.TLSConfig)
+	tlsCfg := d.TLSConfig
+	if d.GetTLSConfig != nil {
+		tlsCfg = d.GetTLSConfig()
+	}
+	conn := tls.Client(tc, tlsCfg)
 	if err := conn.HandshakeContext(actx); err != nil {
 		tc.Close()
-		f := upstream.FailureTLS
-		if isCertError(err) {
-			f = upstream.FailureCertificate
-			err = fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
-		}
+		f, err := classifyHandshakeError(err)
 		d.reportFailure(ctx, addr, f, err)
 		return nil, err
 	}
@@ -298,6 +311,23 @@ func (d *Dialer) reportFailure(ctx context.Context, addr string, f upstream.Fail
 	}
 	d.Logger.V(2).Info("dial failed", "addr", addr, "failure", f.String(), "err", err.Error())
 	d.Pool.ReportFailure(addr, f, err)
+}
+
+// classifyHandshakeError tells what a failed TLS handshake says about the
+// server, by error types: a certificate outside its validity period by this
+// host's clock (FailureCertificateTime, err wrapped with
+// upstream.ErrCertificateTime: transient, e.g. a clock that is wrong at
+// boot), another certificate verification failure (FailureCertificate,
+// wrapped with upstream.ErrCertificate: quarantine), or none
+// (FailureTLS, err unchanged).
+func classifyHandshakeError(err error) (upstream.Failure, error) {
+	switch {
+	case !isCertError(err):
+		return upstream.FailureTLS, err
+	case upstream.IsCertificateTimeError(err):
+		return upstream.FailureCertificateTime, fmt.Errorf("%w: %w", upstream.ErrCertificateTime, err)
+	}
+	return upstream.FailureCertificate, fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
 }
 
 // isCertError reports whether err comes from certificate verification.

@@ -2,12 +2,14 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -36,9 +38,17 @@ const (
 	maxBackoff = 30 * time.Second
 )
 
+// DefaultSliceRetryInterval is how long the Endpoints fallback is polled
+// before listing EndpointSlices is tried again.
+const DefaultSliceRetryInterval = 5 * time.Minute
+
 // Discoverer keeps a pool's discovered endpoints in line with the
 // kubernetes EndpointSlices in default, falling back to polling the
-// kubernetes Endpoints when listing slices is forbidden (node identities).
+// kubernetes Endpoints when listing slices is forbidden (node identities)
+// and trying slices again every few minutes. An update that leaves no ready
+// endpoint at all keeps the last good set: an API server that answers has
+// just served the update, so an empty list is a glitch (a slice recreated,
+// every endpoint briefly not ready), not the truth. A smaller set applies.
 // Give it a client that goes through the failover path itself (not the
 // Service's ClusterIP), so that it works before the CNI does.
 type Discoverer struct {
@@ -46,6 +56,8 @@ type Discoverer struct {
 	pool   *upstream.Pool
 	opts   DiscovererOptions
 	log    logr.Logger
+
+	last []upstream.Spec // the last non-empty set applied; used by Run only
 }
 
 // DiscovererOptions configures a Discoverer.
@@ -53,8 +65,14 @@ type DiscovererOptions struct {
 	// PollInterval of the Endpoints fallback. If zero,
 	// DefaultDiscoveryPollInterval (10s).
 	PollInterval time.Duration
+	// SliceRetryInterval is how long the Endpoints fallback is used before
+	// listing EndpointSlices is tried again, so that an RBAC change takes
+	// effect without a restart. If zero, DefaultSliceRetryInterval (5m).
+	// Jittered by ±20%.
+	SliceRetryInterval time.Duration
 	// OnUpdate, if set, is called after every update of the pool with the
-	// endpoints discovered (possibly none).
+	// endpoints discovered (never none: an empty set keeps the last good
+	// one and is not an update).
 	OnUpdate func([]upstream.Spec)
 	// Logger receives fallbacks and failures. The zero value discards.
 	Logger logr.Logger
@@ -65,6 +83,9 @@ type DiscovererOptions struct {
 func NewDiscoverer(client kubernetes.Interface, pool *upstream.Pool, opts DiscovererOptions) *Discoverer {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultDiscoveryPollInterval
+	}
+	if opts.SliceRetryInterval <= 0 {
+		opts.SliceRetryInterval = DefaultSliceRetryInterval
 	}
 	return &Discoverer{client: client, pool: pool, opts: opts, log: opts.Logger.WithName("discovery")}
 }
@@ -79,20 +100,31 @@ func newDiscoverer(cfg *rest.Config, hc *http.Client, pool *upstream.Pool, poll 
 
 // Run watches EndpointSlices until ctx is done (relisting after a 410,
 // backing off with jitter after errors); when listing them is forbidden it
-// polls the Endpoints object instead.
+// polls the Endpoints object instead, for SliceRetryInterval at a time.
 func (d *Discoverer) Run(ctx context.Context) {
 	b := backoff{}
+	fallback := false // whether the last list of slices was forbidden
 	for ctx.Err() == nil {
-		err := d.watchSlices(ctx)
+		err := d.watchSlices(ctx, func() {
+			if fallback {
+				d.log.Info("listing EndpointSlices works again; watching them instead of polling the kubernetes Endpoints")
+				fallback = false
+			}
+		})
 		switch {
 		case ctx.Err() != nil:
 			return
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
 			d.log.V(1).Info("EndpointSlice watch expired; listing again", "err", err.Error())
 		case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
-			d.log.Info("cannot list EndpointSlices; polling the kubernetes Endpoints instead", "err", err.Error())
-			d.pollEndpoints(ctx)
-			return
+			retry := jitter(d.opts.SliceRetryInterval)
+			if !fallback {
+				d.log.Info("cannot list EndpointSlices; polling the kubernetes Endpoints instead", "err", err.Error(), "retrySlicesIn", retry)
+			} else {
+				d.log.V(1).Info("still cannot list EndpointSlices", "err", err.Error(), "retrySlicesIn", retry)
+			}
+			fallback = true
+			d.pollEndpoints(ctx, retry)
 		case err != nil:
 			d.log.V(1).Info("EndpointSlice watch failed", "err", err.Error())
 			if !sleepCtx(ctx, b.next()) {
@@ -105,14 +137,16 @@ func (d *Discoverer) Run(ctx context.Context) {
 }
 
 // watchSlices lists the slices and follows the watch until it ends. It
-// returns nil when the watch ended normally (to be resumed by a new list)
-// and the error otherwise. A 410 Gone leads to a fresh list.
-func (d *Discoverer) watchSlices(ctx context.Context) error {
+// calls listed after a successful list. It returns nil when the watch ended
+// normally (to be resumed by a new list) and the error otherwise. A 410
+// Gone leads to a fresh list.
+func (d *Discoverer) watchSlices(ctx context.Context, listed func()) error {
 	api := d.client.DiscoveryV1().EndpointSlices(kubernetesNamespace)
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel})
 	if err != nil {
 		return err
 	}
+	listed()
 	slicesByName := make(map[string]*discoveryv1.EndpointSlice, len(list.Items))
 	for i := range list.Items {
 		slicesByName[list.Items[i].Name] = &list.Items[i]
@@ -124,7 +158,7 @@ func (d *Discoverer) watchSlices(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		rv, err = d.follow(w, slicesByName, rv)
+		rv, err = d.follow(ctx, w, slicesByName, rv)
 		w.Stop()
 		if err != nil {
 			return err
@@ -133,10 +167,20 @@ func (d *Discoverer) watchSlices(ctx context.Context) error {
 	return nil
 }
 
-// follow applies watch events until the watch ends. It returns the last
-// resource version seen.
-func (d *Discoverer) follow(w watch.Interface, slicesByName map[string]*discoveryv1.EndpointSlice, rv string) (string, error) {
-	for ev := range w.ResultChan() {
+// follow applies watch events until the watch or ctx ends. It returns the
+// last resource version seen.
+func (d *Discoverer) follow(ctx context.Context, w watch.Interface, slicesByName map[string]*discoveryv1.EndpointSlice, rv string) (string, error) {
+	for {
+		var ev watch.Event
+		select {
+		case <-ctx.Done():
+			return rv, ctx.Err()
+		case e, ok := <-w.ResultChan():
+			if !ok {
+				return rv, nil
+			}
+			ev = e
+		}
 		switch ev.Type {
 		case watch.Error:
 			return rv, apierrors.FromObject(ev.Object)
@@ -158,7 +202,6 @@ func (d *Discoverer) follow(w watch.Interface, slicesByName map[string]*discover
 		}
 		d.apply(slicesByName)
 	}
-	return rv, nil
 }
 
 // apply sets the pool's discovered endpoints to the ready addresses of all
@@ -168,26 +211,47 @@ func (d *Discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
 	for _, s := range slicesByName {
 		specs = append(specs, SlicesToSpecs(s)...)
 	}
-	d.set(specs)
+	d.set(specs, "EndpointSlices")
 }
 
-func (d *Discoverer) set(specs []upstream.Spec) {
-	slices.SortFunc(specs, func(a, b upstream.Spec) int {
-		switch {
-		case a.Addr < b.Addr:
-			return -1
-		case a.Addr > b.Addr:
-			return 1
+// set sets the pool's discovered endpoints to the valid ones of specs,
+// unless there are none: then the last good set stays.
+func (d *Discoverer) set(specs []upstream.Spec, from string) {
+	valid := make([]upstream.Spec, 0, len(specs))
+	var invalid []error
+	for _, s := range specs {
+		addr, err := upstream.ParseAddr(s.Addr)
+		if err != nil {
+			invalid = append(invalid, err)
+			continue
 		}
-		return 0
-	})
-	if err := d.pool.Set(upstream.SourceDiscovery, specs); err != nil {
-		d.log.Info("ignoring invalid discovered endpoints", "err", err.Error())
+		s.Addr = addr
+		valid = append(valid, s)
 	}
-	d.log.V(2).Info("discovered endpoints", "count", len(specs))
+	if len(invalid) > 0 {
+		d.log.Info("ignoring invalid discovered endpoints", "from", from, "err", errors.Join(invalid...).Error())
+	}
+	if len(valid) == 0 {
+		if len(d.last) > 0 {
+			d.log.Info("no ready API server endpoint discovered; keeping the last good set", "from", from, "kept", specAddrs(d.last))
+		}
+		return
+	}
+	slices.SortFunc(valid, func(a, b upstream.Spec) int { return strings.Compare(a.Addr, b.Addr) })
+	d.pool.Set(upstream.SourceDiscovery, valid) // valid: cannot fail
+	d.last = valid
+	d.log.V(2).Info("discovered endpoints", "from", from, "count", len(valid))
 	if d.opts.OnUpdate != nil {
-		d.opts.OnUpdate(specs)
+		d.opts.OnUpdate(valid)
 	}
+}
+
+func specAddrs(specs []upstream.Spec) []string {
+	out := make([]string, len(specs))
+	for i, s := range specs {
+		out[i] = s.Addr
+	}
+	return out
 }
 
 // SlicesToSpecs returns the ready endpoints of an EndpointSlice of the
@@ -228,14 +292,19 @@ func slicePort(ports []discoveryv1.EndpointPort) int32 {
 }
 
 // pollEndpoints reads the kubernetes Endpoints object every poll interval
-// (node identities may get it but not list EndpointSlices).
-func (d *Discoverer) pollEndpoints(ctx context.Context) {
+// (node identities may get it but not list EndpointSlices) until ctx is
+// done or the time given has passed.
+func (d *Discoverer) pollEndpoints(ctx context.Context, until time.Duration) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	end := time.NewTimer(until)
+	defer end.Stop()
 	b := backoff{}
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-end.C:
 			return
 		case <-t.C:
 		}
@@ -249,7 +318,7 @@ func (d *Discoverer) pollEndpoints(ctx context.Context) {
 			continue
 		}
 		b.reset()
-		d.set(EndpointsToSpecs(ep))
+		d.set(EndpointsToSpecs(ep), "Endpoints")
 		t.Reset(jitter(d.opts.PollInterval))
 	}
 }
@@ -305,4 +374,25 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// checkInsecure refuses, for a configuration that does not verify the API
+// servers' certificates (rest.Config.Insecure), the sources of endpoints
+// the user did not name: discovery and Alt-Svc would send the credentials
+// to whoever answers on a discovered or advertised address. Static
+// endpoints stay allowed: the user named them.
+func checkInsecure(cfg *rest.Config, opts Options) error {
+	if !cfg.Insecure {
+		return nil
+	}
+	const ca = "set a CA (TLSClientConfig.CAFile or CAData)"
+	switch {
+	case !opts.DisableDiscovery:
+		return errors.New("transport: rest.Config is Insecure: EndpointSlice discovery would send the credentials to endpoints whose certificates are not verified; " +
+			ca + ", or set Options.DisableDiscovery and name the API servers in Options.Endpoints")
+	case opts.AltSvc != nil:
+		return errors.New("transport: rest.Config is Insecure: Alt-Svc would send the credentials to alternatives whose certificates are not verified; " +
+			ca + ", or leave Options.AltSvc nil")
+	}
+	return nil
 }

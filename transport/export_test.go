@@ -9,3 +9,7 @@ func SetGracefulDrain(d time.Duration) (restore func()) {
 	gracefulDrain = d
 	return func() { gracefulDrain = old }
 }
+
+// CheckTLSFiles checks f's CA and client certificate files now, as its
+// timer does every Options.TLSReloadInterval.
+func CheckTLSFiles(f *Failover) { f.tls.checkNow() }

@@ -49,7 +49,13 @@ func waitHealthy(t *testing.T, f *transport.Failover, n int) {
 // get sends GET path and returns the name of the server that answered.
 func get(t *testing.T, f *transport.Failover, path string) (string, error) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+f.Origin()+path, nil)
+	return getCtx(t.Context(), t, f, path)
+}
+
+// getCtx is get with a context of the caller's.
+func getCtx(ctx context.Context, t *testing.T, f *transport.Failover, path string) (string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+f.Origin()+path, nil)
 	require.NoError(t, err)
 	resp, err := f.HTTPClient().Do(req)
 	if err != nil {
@@ -454,27 +460,6 @@ func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	assert.Equal(t, http.StatusTooManyRequests, se.code)
 	assert.Equal(t, 1, victim.count("GET /api/v1/pods"))
-}
-
-func TestShutdownTooManyRequestsGoesElsewhere(t *testing.T) {
-	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{})
-	victim := serving(t, c, f)
-	victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "1")
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusTooManyRequests)
-		io.WriteString(w, `{"kind":"Status","message":"The apiserver is shutting down, please try again later.","reason":"TooManyRequests","code":429}`)
-	})
-	body := []byte(`{"metadata":{"generateName":"x-"}}`)
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
-	require.NoError(t, err)
-	resp, err := f.HTTPClient().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.NotEqual(t, victim.name, string(got))
 }
 
 func TestCertificateForAnotherNameIsQuarantined(t *testing.T) {

@@ -102,9 +102,18 @@ type server struct {
 	notReady atomic.Bool
 	// handler, if set, serves everything but /readyz.
 	handler atomic.Pointer[http.HandlerFunc]
+	// hellos counts TLS ClientHellos received (TCP-only probes send none).
+	hellos atomic.Int64
 }
 
 func newServer(t testing.TB, name string, cert tls.Certificate) *server {
+	t.Helper()
+	return newServerProto(t, name, cert, true)
+}
+
+// newServerProto is newServer; h2 false makes a server that speaks only
+// HTTP/1.1.
+func newServerProto(t testing.TB, name string, cert tls.Certificate, h2 bool) *server {
 	t.Helper()
 	s := &server{name: name, requests: make(map[string]int)}
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
@@ -115,9 +124,15 @@ func newServer(t testing.TB, name string, cert tls.Certificate) *server {
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
 	s.srv.Listener.Close()
 	s.srv.Listener = s.ln
-	s.srv.EnableHTTP2 = true
+	s.srv.EnableHTTP2 = h2
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	s.srv.TLS = &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			s.hellos.Add(1)
+			return nil, nil
+		},
+	}
 	s.srv.StartTLS()
 	s.addr = inner.Addr().String()
 	t.Cleanup(s.close)

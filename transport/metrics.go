@@ -12,6 +12,7 @@ import (
 type metrics struct {
 	dialDuration *prometheus.HistogramVec
 	failovers    *prometheus.CounterVec
+	endpoints    *EndpointSeries // of dialDuration
 }
 
 // newMetrics registers the transport's collectors and the pool's endpoint
@@ -38,6 +39,9 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			return nil, err
 		}
 	}
+	// The subscription lives as long as the pool: both belong to one
+	// Failover.
+	m.endpoints = NewEndpointSeries(pool, m.dialDuration.MetricVec)
 	return m, nil
 }
 
@@ -50,6 +54,7 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 		result = "error"
 	}
 	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
+	m.endpoints.Observed(addr)
 }
 
 func (m *metrics) failover(reason string) {
@@ -58,6 +63,50 @@ func (m *metrics) failover(reason string) {
 	}
 	m.failovers.WithLabelValues(reason).Inc()
 }
+
+// EndpointSeries keeps per-endpoint series (those with a label "endpoint")
+// only while their endpoint is in the pool: when an endpoint is removed
+// (upstream.EventRemoved) its series are deleted, so that discovery churn
+// does not grow the metrics without bound and a dashboard does not show
+// endpoints that are gone.
+type EndpointSeries struct {
+	pool        *upstream.Pool
+	vecs        []*prometheus.MetricVec
+	unsubscribe func()
+}
+
+// NewEndpointSeries watches pool's events and deletes an endpoint's series
+// from vecs when it is removed, until Close. Call Observed after each
+// update of a series.
+func NewEndpointSeries(pool *upstream.Pool, vecs ...*prometheus.MetricVec) *EndpointSeries {
+	s := &EndpointSeries{pool: pool, vecs: vecs}
+	s.unsubscribe = pool.Subscribe(s.onEvent)
+	return s
+}
+
+func (s *EndpointSeries) onEvent(ev upstream.Event) {
+	if ev.Kind == upstream.EventRemoved {
+		s.forget(ev.Addr)
+	}
+}
+
+// Observed is called after a series of addr was updated. If addr has left
+// the pool meanwhile (a dial that ends as its endpoint is removed), the
+// series the update recreated is deleted again.
+func (s *EndpointSeries) Observed(addr string) {
+	if !s.pool.Has(addr) {
+		s.forget(addr)
+	}
+}
+
+func (s *EndpointSeries) forget(addr string) {
+	for _, v := range s.vecs {
+		v.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
+	}
+}
+
+// Close stops watching the pool.
+func (s *EndpointSeries) Close() { s.unsubscribe() }
 
 // PoolCollector exports the state of every endpoint of a pool, read at
 // scrape time.

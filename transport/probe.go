@@ -11,6 +11,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	"k8s.io/client-go/rest"
 
@@ -61,6 +65,21 @@ type Prober struct {
 	// PROXY protocol header first to endpoints behind a proxy that requires
 	// one. If nil, a net.Dialer.
 	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
+	// TLSReloadInterval is how often the files read by WithCAFile and
+	// WithCredentials are checked for change, on probes. If zero,
+	// DefaultTLSReloadInterval (10s).
+	TLSReloadInterval time.Duration
+	// Logger receives the reloads of those files and their failures. The
+	// zero value discards.
+	Logger logr.Logger
+
+	// files are the CA and client certificate files followed as they
+	// rotate; nil if none.
+	files *tlsFiles
+	// sessionsGen is the files' generation the session caches belong to:
+	// a resumed session presents the client certificate of its first
+	// handshake and skips verification, so they are dropped on a change.
+	sessionsGen atomic.Uint64
 
 	// sessions holds a TLS session cache per endpoint, so that probes
 	// resume TLS sessions (unless TLSConfig has a ClientSessionCache of
@@ -76,14 +95,32 @@ var _ upstream.Prober = (*Prober)(nil)
 
 // WithCredentials returns a copy of p whose probes authenticate as cfg
 // does: its bearer token (a token file is re-read as it rotates) and its
-// client certificate. For clusters that do not serve /readyz to anonymous
-// users. Exec plugins and auth providers are not run for probes: with only
-// those, probes stay anonymous (see Credentials). cfg's CA is not used;
-// p.TLSConfig verifies the servers.
+// client certificate (CertFile and KeyFile are re-read as they rotate,
+// checked every TLSReloadInterval). For clusters that do not serve /readyz
+// to anonymous users. Exec plugins and auth providers are not run for
+// probes: with only those, probes stay anonymous (see Credentials). cfg's
+// CA is not used; p.TLSConfig (or WithCAFile) verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 	q := p.copy()
 	if a := bearer(cfg); a != nil {
 		q.Authorization = a
+	}
+	files, err := newTLSFiles("", nil, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, p.TLSReloadInterval, p.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("probe credentials: %w", err)
+	}
+	if files != nil {
+		if q.TLSConfig == nil {
+			q.TLSConfig = &tls.Config{}
+		} else {
+			q.TLSConfig = q.TLSConfig.Clone()
+		}
+		q.files = &tlsFiles{cert: files.cert}
+		if p.files != nil {
+			q.files.ca = p.files.ca
+		}
+		q.files.apply(q.TLSConfig)
+		return q, nil
 	}
 	certOnly := &rest.Config{TLSClientConfig: rest.TLSClientConfig{
 		CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, CertData: cfg.CertData, KeyData: cfg.KeyData,
@@ -104,6 +141,40 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 	return q, nil
 }
 
+// WithCAFile returns a copy of p that verifies servers with the PEM CA
+// bundle in caFile instead of p.TLSConfig.RootCAs, re-read as it rotates
+// (checked every TLSReloadInterval, on probes). A file that cannot be read
+// or holds no certificate is an error; later, such a content is logged
+// and the last good bundle kept.
+func (p *Prober) WithCAFile(caFile string) (*Prober, error) {
+	files, err := newTLSFiles(caFile, nil, "", "", nil, nil, p.TLSReloadInterval, p.Logger)
+	if err != nil {
+		return nil, err
+	}
+	if files == nil {
+		return nil, errors.New("no CA file given")
+	}
+	q := p.copy()
+	if q.TLSConfig == nil {
+		q.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	q.files = &tlsFiles{ca: files.ca}
+	if p.files != nil {
+		q.files.cert = p.files.cert
+	}
+	return q, nil
+}
+
+// OnCAChange runs fn after every change of the CA file of WithCAFile, in
+// the goroutine that saw it, until cancel is called; for
+// upstream.Pool.ResetQuarantine. It does nothing without a CA file.
+func (p *Prober) OnCAChange(fn func()) (cancel func()) {
+	if p.files == nil || p.files.ca == nil {
+		return func() {}
+	}
+	return p.files.ca.subscribe(fn)
+}
+
 // WithDialContext returns a copy of p whose probes open their connections
 // with dial.
 func (p *Prober) WithDialContext(dial func(ctx context.Context, network, address string) (net.Conn, error)) *Prober {
@@ -114,7 +185,8 @@ func (p *Prober) WithDialContext(dial func(ctx context.Context, network, address
 
 // copy returns p's settings without its session caches.
 func (p *Prober) copy() *Prober {
-	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext}
+	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
+		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, files: p.files}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client
@@ -137,7 +209,9 @@ func (p *Prober) Credentials() string {
 const maxProbeResponse = 64 << 10
 
 // Probe runs one check against addr. It honours ctx's deadline for every
-// step. Certificate failures wrap upstream.ErrCertificate.
+// step. Certificate failures wrap upstream.ErrCertificate, or
+// upstream.ErrCertificateTime when the certificate is only expired or not
+// yet valid by this host's clock.
 func (p *Prober) Probe(ctx context.Context, addr string) error {
 	dial := p.DialContext
 	if dial == nil {
@@ -155,7 +229,7 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
 	}
-	cfg := p.TLSConfig.Clone()
+	cfg := p.tlsConfig()
 	if cfg.ClientSessionCache == nil {
 		cfg.ClientSessionCache = p.sessionCache(addr)
 	}
@@ -164,8 +238,8 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 	}
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
-		if isCertError(err) {
-			return fmt.Errorf("%w: %w", upstream.ErrCertificate, err)
+		if f, cerr := classifyHandshakeError(err); f != upstream.FailureTLS {
+			return cerr
 		}
 		return fmt.Errorf("tls handshake: %w", err)
 	}
@@ -173,6 +247,21 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 		return nil
 	}
 	return p.readyz(ctx, conn)
+}
+
+// tlsConfig returns a clone of TLSConfig with the current CA of the
+// files, after dropping the session caches if the files changed.
+func (p *Prober) tlsConfig() *tls.Config {
+	if p.files == nil {
+		return p.TLSConfig.Clone()
+	}
+	if g := p.files.generation(); p.sessionsGen.Swap(g) != g {
+		p.sessions.Clear()
+	}
+	if p.files.ca == nil {
+		return p.TLSConfig.Clone()
+	}
+	return p.files.config(p.TLSConfig)
 }
 
 // sessionCache returns addr's TLS session cache.

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
-
-	"golang.org/x/net/http2"
+	"sync/atomic"
 
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -17,14 +17,25 @@ import (
 const DefaultMaxAttempts = 3
 
 // RoundTripper sends requests for the origin to the pool's best endpoint and
-// fails over safely: a request is sent to another endpoint only when it was
-// never sent (the connection could not be established), when the server
-// provably did not process it (REFUSED_STREAM, a stream above a GOAWAY's last
-// stream id, a shutdown 429 that closes the connection), or when it is safe
-// to repeat (GET, HEAD, OPTIONS or an Idempotency-Key header) and its body
-// can be replayed. Each endpoint is tried at most once per request, and at
-// most MaxAttempts endpoints in all; the final error joins every endpoint's
-// error. Requests for other hosts go to next unchanged.
+// fails over safely. A request is sent to another endpoint only when
+//   - it was never sent: no connection could be had, or not one byte of its
+//     header block was written on the connection (seen by an httptrace hook);
+//   - the server provably did not process it: RST_STREAM(REFUSED_STREAM),
+//     its stream above the last stream id of a graceful GOAWAY (decided from
+//     net/http's error values and types, never from error text, which may
+//     carry the server's words), or kube-apiserver's own shutdown 429 on a
+//     path the apiserver serves itself (never on proxy, exec, attach or
+//     portforward subresources, whose responses come from a pod or a node);
+//   - or it is safe to repeat, GET, HEAD, OPTIONS or TRACE.
+//
+// In every case its body must be replayable (none, or GetBody set). Any
+// other method, whatever its headers (kube-apiserver ignores
+// Idempotency-Key), is never repeated once it may have reached a server.
+// Each endpoint is tried at most once per request, and at most MaxAttempts
+// endpoints in all; the final error joins every endpoint's error, or, when
+// every endpoint tried refused with the shutdown 429, the last 429 is
+// returned as it came so that client-go honours its Retry-After. Requests
+// for other hosts go to next unchanged.
 type RoundTripper struct {
 	conns       *connPool
 	next        http.RoundTripper
@@ -50,6 +61,9 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	var exclude map[string]bool
 	var errs []error
+	// refused is the last shutdown 429, returned if no later attempt
+	// succeeds or fails in a way the caller must hear about.
+	var refused *http.Response
 	for attempt := 1; ; attempt++ {
 		c, err := rt.conns.get(req.Context(), exclude)
 		if err != nil {
@@ -64,25 +78,38 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 			req = req.Clone(req.Context())
 			req.Header.Set("Alt-Used", c.addr)
 		}
-		resp, err := c.cc.RoundTrip(req)
+		send, wrote := traceWrites(req)
+		resp, err := c.cc.RoundTrip(send)
 		reason := ""
 		if err == nil {
+			resp.Request = req
 			if !replayable(req) {
 				return withConnBody(resp, c.cc), nil
 			}
-			refused, r := shutdownRefusal(resp)
-			if !refused {
+			isRefusal, r := shutdownRefusal(req, resp)
+			if !isRefusal {
+				closeResponse(refused)
 				return withConnBody(r, c.cc), nil
 			}
-			// The server is shutting down and did not process the request.
+			// kube-apiserver is shutting down and did not process the
+			// request.
+			closeResponse(refused)
+			refused = r
 			err = fmt.Errorf("server shutting down: %s", resp.Status)
 			reason = "shutdown"
 		} else {
 			rt.passive(c, err)
-			reason = retryReason(req, err)
+			reason = retryReason(req, err, wrote)
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", c.addr, err))
-		if reason == "" || attempt >= rt.maxAttempts || req.Context().Err() != nil {
+		if reason == "" {
+			// The request may have been processed: the caller must
+			// hear of it, not of an earlier refusal.
+			closeResponse(refused)
+			refused = nil
+			break
+		}
+		if attempt >= rt.maxAttempts || req.Context().Err() != nil {
 			break
 		}
 		next, rerr := rewind(req)
@@ -98,6 +125,10 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.conns.m.failover("retry")
 		rt.conns.log.V(2).Info("retrying request on another endpoint", "method", req.Method, "path", req.URL.Path, "failed", c.addr, "reason", reason)
 	}
+	if refused != nil && req.Context().Err() == nil {
+		return refused, nil
+	}
+	closeResponse(refused)
 	if len(errs) == 1 {
 		return nil, errs[0]
 	}
@@ -105,6 +136,9 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // passive tells the pool what a failed request revealed about its endpoint.
+// It goes by error types and values only; the worst a misread error could do
+// is rank the endpoint lower (FailureGoAway) or count a lost connection that
+// net/http reported anyway (c.cc.Err).
 func (rt *RoundTripper) passive(c *clientConn, err error) {
 	switch {
 	case isGoAway(err):
@@ -120,62 +154,73 @@ func (rt *RoundTripper) passive(c *clientConn, err error) {
 }
 
 // retryReason says why req may be sent to another endpoint after err, or ""
-// if it must not be.
-func retryReason(req *http.Request, err error) string {
+// if it must not be. wrote reports whether any of req's header block may
+// have been written on the connection.
+func retryReason(req *http.Request, err error, wrote func() bool) string {
 	if req.Context().Err() != nil {
 		return ""
 	}
 	if !replayable(req) {
 		return ""
 	}
-	if isUnprocessed(err) {
-		return "unprocessed"
-	}
 	if idempotent(req) {
 		return "idempotent"
+	}
+	if isUnprocessed(err, wrote) {
+		return "unprocessed"
 	}
 	return ""
 }
 
 // isUnprocessed reports errors after which the server provably did not
-// process the request: it was never sent on the connection, it was refused
-// (REFUSED_STREAM), or its stream was above the last stream id of a GOAWAY.
-// The HTTP/2 implementation in net/http does not export these errors, so
-// they are matched by text; TestUnprocessedErrors pins the texts.
-func isUnprocessed(err error) bool {
-	var se http2.StreamError
-	if errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream {
+// process the request: none of it was written on the connection, it was
+// refused (REFUSED_STREAM), or its stream was above the last stream id of a
+// graceful GOAWAY. See h2errors.go for how net/http reports each.
+func isUnprocessed(err error, wrote func() bool) bool {
+	if wrote != nil && !wrote() {
 		return true
 	}
-	msg := err.Error()
-	for _, s := range unprocessedTexts {
-		if strings.Contains(msg, s) {
-			return true
-		}
+	if isRefusedStream(err) {
+		return true
 	}
-	return false
+	g := goAwayAbove()
+	return g != nil && err == g
 }
 
-var unprocessedTexts = []string{
-	"http2: Transport received Server's graceful shutdown GOAWAY",
-	"http2: client conn not usable",
-	"http2: client conn could not be established",
+// traceWrites returns req to send for a request that is not idempotent,
+// with an httptrace hook noting whether any of its header block was written,
+// and a function that reports it. Idempotent requests are returned as they
+// are, and wrote is nil: they are retried whatever happened.
+//
+// net/http calls WroteHeaders once the whole header block has been handed
+// to the connection (HTTP/2: the HEADERS frames written, even if that
+// failed; HTTP/1.1: the blank line after the fields buffered). Before that,
+// a server cannot have a complete request, so it cannot have processed it.
+// On every error path that returns without the context being done, the
+// request's writer has finished before RoundTrip returns.
+func traceWrites(req *http.Request) (send *http.Request, wrote func() bool) {
+	if idempotent(req) || !replayable(req) {
+		return req, nil
+	}
+	var w atomic.Bool
+	ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteHeaders: func() { w.Store(true) },
+	})
+	return req.WithContext(ctx), w.Load
 }
 
-func isGoAway(err error) bool {
-	return strings.Contains(err.Error(), "GOAWAY")
-}
-
-// idempotent reports whether repeating req cannot change the outcome: safe
-// methods, or a request carrying an idempotency key. PUT and DELETE are not
-// included: a repeated DELETE answers 404 for an object the first attempt
-// deleted, a repeated PUT may answer 409.
+// idempotent reports whether repeating req cannot change the outcome: the
+// safe methods. PUT and DELETE are not included: a repeated DELETE answers
+// 404 for an object the first attempt deleted, a repeated PUT may answer
+// 409. No header makes a request idempotent: kube-apiserver ignores
+// Idempotency-Key, so a generateName create carrying one would be made
+// twice.
 func idempotent(req *http.Request) bool {
 	switch req.Method {
 	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+	return false
 }
 
 func replayable(req *http.Request) bool {
@@ -196,33 +241,50 @@ func rewind(req *http.Request) (*http.Request, error) {
 	return &next, nil
 }
 
-// shutdownMessage is the body text of the 429 kube-apiserver sends for
-// requests that arrive while it shuts down (--shutdown-send-retry-after).
-const shutdownMessage = "apiserver is shutting down"
+// kube-apiserver's shutdown refusal, as k8s.io/apiserver v0.36
+// pkg/server/filters/with_retry_after.go (WithRetryAfter, enabled by
+// --shutdown-send-retry-after) writes it for a request that arrives once
+// the server no longer accepts new ones, before any handler runs:
+//
+//	w.Header().Set("Connection", "close")
+//	w.Header().Set("Retry-After", "5")
+//	http.Error(w, "The apiserver is shutting down, please try again later.", 429)
+//
+// http.Error adds Content-Type and X-Content-Type-Options and a newline. Over
+// HTTP/2, net/http's server drops the Connection field and sends GOAWAY
+// instead, so only HTTP/1.x responses show it.
+const (
+	shutdownRetryAfter  = "5"
+	shutdownContentType = "text/plain; charset=utf-8"
+	shutdownBody        = "The apiserver is shutting down, please try again later.\n"
+)
 
-// maxRefusalBody bounds how much of a 429 body is read to classify it.
-const maxRefusalBody = 16 << 10
-
-// shutdownRefusal reports whether resp is the 429 kube-apiserver sends while
-// shutting down: Retry-After set, no API Priority and Fairness headers, and
-// the connection closing or the shutdown message in the body. Such a request
-// was not processed. An APF 429 means overload and is returned as is. When
-// the body had to be read, the returned response carries it again; when the
-// response is a refusal, its body is closed.
-func shutdownRefusal(resp *http.Response) (bool, *http.Response) {
+// shutdownRefusal reports whether resp is kube-apiserver's own shutdown 429
+// (see shutdownBody), in which case req was not processed. Only responses
+// for paths that kube-apiserver answers itself count (apiserverAnswers). An
+// API Priority and Fairness 429 means overload and is returned as is. The
+// returned response carries the whole body again if it had to be read; a
+// refusal's body is read in full and its connection released.
+func shutdownRefusal(req *http.Request, resp *http.Response) (bool, *http.Response) {
+	h := resp.Header
 	if resp.StatusCode != http.StatusTooManyRequests ||
-		resp.Header.Get("Retry-After") == "" ||
-		resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID") != "" ||
-		resp.Header.Get("X-Kubernetes-PF-PriorityLevel-UID") != "" {
+		!apiserverAnswers(req.URL.Path) ||
+		!onlyValue(h, "Retry-After", shutdownRetryAfter) ||
+		!onlyValue(h, "Content-Type", shutdownContentType) ||
+		!onlyValue(h, "X-Content-Type-Options", "nosniff") ||
+		h.Get("X-Kubernetes-PF-FlowSchema-UID") != "" ||
+		h.Get("X-Kubernetes-PF-PriorityLevel-UID") != "" ||
+		resp.ProtoMajor == 1 && !resp.Close ||
+		resp.ContentLength > int64(len(shutdownBody)) {
 		return false, resp
 	}
-	if resp.Close || strings.EqualFold(resp.Header.Get("Connection"), "close") {
-		drain(resp)
-		return true, resp
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBody))
-	if err == nil && strings.Contains(string(body), shutdownMessage) {
-		drain(resp)
+	// One byte more than the message: a longer body is not the refusal.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(len(shutdownBody))+1))
+	if err == nil && string(body) == shutdownBody {
+		// Nothing follows (EOF was read); release the stream.
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
 		return true, resp
 	}
 	rest := resp.Body
@@ -231,6 +293,43 @@ func shutdownRefusal(resp *http.Response) (bool, *http.Response) {
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(body), rest), rest}
 	return false, resp
+}
+
+// onlyValue reports whether h holds exactly one value for key, v.
+func onlyValue(h http.Header, key, v string) bool {
+	vs := h.Values(key)
+	return len(vs) == 1 && vs[0] == v
+}
+
+// passThrough are the subresources whose responses kube-apiserver relays
+// from a pod, a service's pod or a node (kubelet) with their status, headers
+// and body: pods/services/nodes .../proxy[/...], and the streaming pods/exec,
+// pods/attach and pods/portforward, which relay the kubelet's answer when
+// it does not upgrade.
+var passThrough = map[string]bool{"proxy": true, "exec": true, "attach": true, "portforward": true}
+
+// apiserverAnswers reports whether a response for path can only have been
+// written by kube-apiserver (or an aggregated API server, which runs the
+// same filter) itself: a clean API path (/api/..., /apis/...) with no
+// segment naming a pass-through subresource. A segment is enough: resource
+// names are also path segments, so a configmap named "proxy" loses the
+// refusal's retry too, which costs only a delay.
+func apiserverAnswers(path string) bool {
+	if !strings.HasPrefix(path, "/api/") && !strings.HasPrefix(path, "/apis/") {
+		return false
+	}
+	for seg := range strings.SplitSeq(path[1:], "/") {
+		if seg == "" || seg == "." || seg == ".." || passThrough[seg] {
+			return false
+		}
+	}
+	return true
+}
+
+func closeResponse(resp *http.Response) {
+	if resp != nil {
+		resp.Body.Close()
+	}
 }
 
 // connBody is a response body that ends with io.ErrUnexpectedEOF, as an
@@ -262,9 +361,4 @@ func (b *connBody) Read(p []byte) (int, error) {
 		err = io.ErrUnexpectedEOF
 	}
 	return n, err
-}
-
-func drain(resp *http.Response) {
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
 }

@@ -77,6 +77,16 @@ type Options struct {
 	// DefaultMaxAttempts (3).
 	MaxAttempts int
 
+	// TLSReloadInterval is how often the rest.Config's CAFile, CertFile
+	// and KeyFile are checked for change (content, not time stamps): a new
+	// CA is used for the next handshakes and endpoints quarantined for
+	// certificate errors are probed again; a new client certificate
+	// retires every connection (no new requests, closed once their running
+	// requests are done) so that requests move to connections presenting
+	// it. Files given as data (CAData, CertData, KeyData) do not change.
+	// If zero, DefaultTLSReloadInterval (10s).
+	TLSReloadInterval time.Duration
+
 	// AltSvc, if set, also learns API servers from Alt-Svc response
 	// headers, within its allowlist. See AltSvcOptions.
 	AltSvc *AltSvcOptions
@@ -93,6 +103,7 @@ type Options struct {
 type Failover struct {
 	pool    *upstream.Pool
 	dialer  *Dialer
+	tls     *tlsFiles // nil if no TLS file may rotate
 	conns   *connPool
 	config  *rest.Config
 	client  *http.Client
@@ -126,6 +137,9 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	}
 	if cfg.Transport != nil {
 		return nil, errors.New("transport: rest.Config.Transport is set: failover needs to make its own connections; use WrapTransport for custom behaviour")
+	}
+	if err := checkInsecure(cfg, opts); err != nil {
+		return nil, err
 	}
 	u, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -162,9 +176,16 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	if len(tlsCfg.NextProtos) == 0 {
 		tlsCfg.NextProtos = []string{"h2", "http/1.1"}
 	}
+	// client-go reloads CA and certificate files in its own dialer and
+	// transport, which ours replace: follow the files here.
+	files, err := newTLSFiles(cfg.CAFile, cfg.CAData, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, opts.TLSReloadInterval, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("transport: TLS configuration: %w", err)
+	}
+	files.apply(tlsCfg)
 
-	f := &Failover{origin: origin}
-	prober := &Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: bearer(cfg)}
+	f := &Failover{origin: origin, tls: files}
+	prober := &Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: bearer(cfg), files: files}
 	f.pool, err = upstream.New(upstream.Config{
 		Prober:   prober,
 		Interval: opts.ProbeInterval,
@@ -192,6 +213,10 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		Timeout:        opts.DialTimeout,
 		OnDial:         m.observeDial,
 		Logger:         opts.Logger,
+	}
+	if files != nil && files.ca != nil {
+		dialTLS := tlsCfg.Clone()
+		f.dialer.GetTLSConfig = func() *tls.Config { return files.config(dialTLS) }
 	}
 
 	f.proxied = proxied(cfg, u)
@@ -256,6 +281,15 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		go func() {
 			defer f.wg.Done()
 			d.Run(runCtx)
+		}()
+	}
+	if files != nil {
+		w := newTLSReactor(files, f.pool, f.conns, orDefault(opts.TLSReloadInterval, DefaultTLSReloadInterval),
+			orDefault(opts.DialTimeout, DefaultDialTimeout), opts.Logger)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			w.run(runCtx)
 		}()
 	}
 	context.AfterFunc(runCtx, f.conns.close)

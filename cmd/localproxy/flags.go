@@ -344,10 +344,17 @@ func (o *options) config() (localproxy.Config, error) {
 		case err != nil:
 			bad("ca-file", o.caFile, err.Error())
 		default:
+			// The CA file is re-read as it rotates (checked on probes
+			// every transport.DefaultTLSReloadInterval).
 			prober = &transport.Prober{
 				Mode:      mode,
 				TLSConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12},
 				Host:      serverName,
+			}
+			if p, err := prober.WithCAFile(caFile); err != nil {
+				bad("ca-file", o.caFile, err.Error())
+			} else {
+				prober = p
 			}
 		}
 	} else if mode == transport.ProbeTCP {
@@ -381,6 +388,8 @@ func (o *options) config() (localproxy.Config, error) {
 		switch {
 		case base == nil && o.kubeconfig == "":
 			bad("enable-discovery", true, fmt.Sprintf("%v; set --kubeconfig", credErr))
+		case base != nil && base.Insecure:
+			bad("kubeconfig", o.kubeconfig, "its cluster sets insecure-skip-tls-verify, and --enable-discovery would send its credentials to endpoints whose certificates are not verified; want a kubeconfig with certificate-authority (or -data), or no --enable-discovery")
 		case base != nil && len(binds) > 0 && bindOK:
 			// Discovery goes through this proxy, never the ClusterIP.
 			proxyAddr := net.JoinHostPort(loopbackOf(binds).String(), strconv.Itoa(o.bindPort))

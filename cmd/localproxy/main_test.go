@@ -31,6 +31,8 @@ import (
 // files are inputs for the validation tests.
 type files struct {
 	ca, notPEM, kubeconfig, missing string
+	// insecure is a kubeconfig with insecure-skip-tls-verify.
+	insecure string
 }
 
 func newFiles(t *testing.T) files {
@@ -50,6 +52,7 @@ func newFiles(t *testing.T) files {
 		notPEM:     filepath.Join(dir, "not.pem"),
 		kubeconfig: filepath.Join(dir, "kubeconfig"),
 		missing:    filepath.Join(dir, "missing"),
+		insecure:   filepath.Join(dir, "insecure-kubeconfig"),
 	}
 	require.NoError(t, os.WriteFile(f.ca, caPEM, 0o600))
 	require.NoError(t, os.WriteFile(f.notPEM, []byte("hello"), 0o600))
@@ -58,6 +61,19 @@ kind: Config
 clusters:
 - name: c
   cluster: {server: "https://10.96.0.1:443", certificate-authority: `+f.ca+`}
+users:
+- name: u
+  user: {token: secret}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+`), 0o600))
+	require.NoError(t, os.WriteFile(f.insecure, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://10.96.0.1:443", insecure-skip-tls-verify: true}
 users:
 - name: u
   user: {token: secret}
@@ -153,6 +169,21 @@ func TestValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Discovery with a kubeconfig that skips certificate verification would
+// send its credentials to whoever answers on a discovered address.
+func TestInsecureKubeconfig(t *testing.T) {
+	f := newFiles(t)
+	_, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--enable-discovery", "--kubeconfig=" + f.insecure}, env())
+	require.Error(t, err)
+	for _, w := range []string{"--kubeconfig", f.insecure, "insecure-skip-tls-verify", "certificate-authority", "--enable-discovery"} {
+		assert.ErrorContains(t, err, w)
+	}
+	// Without discovery the kubeconfig only gives the probes credentials,
+	// and probes verify certificates with --ca-file.
+	_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.insecure}, env())
+	require.NoError(t, err)
 }
 
 func TestValidationReportsEveryProblem(t *testing.T) {

@@ -101,6 +101,8 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 			state += " (draining)"
 		case u.Suspect:
 			state += " (suspect)"
+		case u.Slow:
+			state += " (slow)"
 		}
 		local := "-"
 		if u.Local {

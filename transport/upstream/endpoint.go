@@ -9,6 +9,7 @@
 package upstream
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -74,8 +75,13 @@ const (
 	// StateUnhealthy: Fall consecutive observations failed.
 	StateUnhealthy
 	// StateQuarantined: the endpoint presented a certificate that does not
-	// verify. It is not probed and is tried last, until its configuration
-	// changes (Set with a different spec, or ResetQuarantine).
+	// verify (for a reason other than its validity period, see
+	// ErrCertificateTime). It is tried last and probed with backoff
+	// (Config.QuarantineBackoff) instead of every interval; the first
+	// successful probe makes it healthy at once, as for an endpoint never
+	// probed. Passive signals neither lift nor extend a quarantine. A
+	// configuration change (Set with a different spec, or ResetQuarantine)
+	// lifts it to StateUnknown.
 	StateQuarantined
 )
 
@@ -118,6 +124,9 @@ type Status struct {
 	// Draining: the server announced a shutdown (GOAWAY); ranked lower until
 	// a probe succeeds again.
 	Draining bool `json:"draining"`
+	// Slow: the endpoint lost connection races in a row as the first
+	// candidate and is ranked with suspect endpoints for a while.
+	Slow bool `json:"slow,omitempty"`
 	// RTT is a moving average of successful probe durations; zero if unknown.
 	RTT time.Duration `json:"rtt"`
 	// Conns is the number of open connections the pool's users reported.
@@ -189,7 +198,8 @@ const (
 	// certificate (reset, timeout).
 	FailureTLS
 	// FailureCertificate: the server's certificate did not verify. The
-	// endpoint is quarantined.
+	// endpoint is quarantined, unless the error is a time-validity one
+	// (IsCertificateTimeError), which counts like FailureCertificateTime.
 	FailureCertificate
 	// FailureConnLost: an established connection died (read error, ping
 	// timeout) without the pool asking for it.
@@ -198,6 +208,11 @@ const (
 	// shedding). The endpoint is ranked lower until a probe succeeds; it is
 	// not counted towards Fall.
 	FailureGoAway
+	// FailureCertificateTime: the server's certificate is expired or not yet
+	// valid by this host's clock (see ErrCertificateTime). Counted like
+	// FailureTLS, towards Fall: a clock that is wrong at boot, or a
+	// certificate renewed a moment late, is transient.
+	FailureCertificateTime
 )
 
 // String returns the failure name used in logs and metrics labels.
@@ -213,14 +228,39 @@ func (f Failure) String() string {
 		return "conn_lost"
 	case FailureGoAway:
 		return "goaway"
+	case FailureCertificateTime:
+		return "certificate_time"
 	}
 	return "failure(" + strconv.Itoa(int(f)) + ")"
 }
 
 // ErrCertificate marks probe errors caused by a certificate that does not
 // verify. A Prober wraps such errors so that errors.Is(err, ErrCertificate)
-// holds; the pool then quarantines the endpoint.
+// holds; the pool then quarantines the endpoint, unless the error is a
+// time-validity one (IsCertificateTimeError).
 var ErrCertificate = errors.New("certificate verification failed")
+
+// ErrCertificateTime marks probe errors caused by a certificate that is
+// expired or not yet valid by this host's clock, and otherwise unchecked
+// (crypto/x509 checks a certificate's validity period before its chain and
+// names). A Prober wraps such errors with it instead of ErrCertificate. The
+// pool counts them as ordinary failures: the endpoint becomes unhealthy and
+// is probed every interval, so it returns as soon as the clock or the
+// certificate is right (a node booting with its clock behind, a VM restored
+// from a snapshot, a certificate renewed a moment late).
+var ErrCertificateTime = errors.New("certificate not valid at the current time")
+
+// IsCertificateTimeError reports whether err is a certificate failure caused
+// by the validity period only: it wraps ErrCertificateTime or an
+// x509.CertificateInvalidError with Reason x509.Expired (which crypto/x509
+// uses for "not yet valid" as well as for "expired").
+func IsCertificateTimeError(err error) bool {
+	if errors.Is(err, ErrCertificateTime) {
+		return true
+	}
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &ci) && ci.Reason == x509.Expired
+}
 
 // ErrNoEndpoints is returned when the pool has no endpoint at all.
 var ErrNoEndpoints = errors.New("no endpoints configured")

@@ -17,15 +17,15 @@ type rankKey struct {
 	tie        uint64
 }
 
-// healthClass ranks health: healthy, unknown, suspect or draining, unhealthy,
-// quarantined.
+// healthClass ranks health: healthy, unknown, suspect or draining or slow,
+// unhealthy, quarantined.
 func healthClass(e *endpoint) int {
 	switch {
 	case e.state == StateQuarantined:
 		return 4
 	case e.state == StateUnhealthy:
 		return 3
-	case e.suspect || e.draining:
+	case e.suspect || e.draining || !e.slowUntil.IsZero():
 		return 2
 	case e.state == StateUnknown:
 		return 1

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 )
 
 // Prober checks one endpoint. It must return when ctx is done. Errors caused
-// by a certificate that does not verify should wrap ErrCertificate.
+// by a certificate that does not verify should wrap ErrCertificate, those
+// caused by its validity period only ErrCertificateTime. A success lifts a
+// quarantine, so a Prober that can see certificates must verify them.
 type Prober interface {
 	Probe(ctx context.Context, addr string) error
 }
@@ -30,6 +33,10 @@ const (
 	DefaultRise     = 2
 	DefaultFall     = 2
 	DefaultJitter   = 0.1
+
+	DefaultQuarantineBackoff    = 5 * time.Second
+	DefaultQuarantineBackoffMax = 30 * time.Second
+	DefaultMaxConcurrentProbes  = 32
 )
 
 // Config configures a Pool. The zero value is usable: no active probes (only
@@ -54,6 +61,25 @@ type Config struct {
 	// unhealthy. If zero, DefaultFall (2). An endpoint that was never
 	// probed becomes unhealthy on its first failure.
 	Fall int
+	// QuarantineBackoff is how long a quarantined endpoint waits for its
+	// first re-probe; each failed re-probe doubles the wait, up to
+	// QuarantineBackoffMax, each wait spread by ±Jitter. An endpoint
+	// quarantined again within QuarantineBackoffMax of leaving quarantine
+	// goes on from its last wait (doubled) instead of starting over, so
+	// that a certificate failure seen only on real traffic cannot make it
+	// flip every interval. If zero, DefaultQuarantineBackoff (5s).
+	QuarantineBackoff time.Duration
+	// QuarantineBackoffMax caps the wait between re-probes of a
+	// quarantined endpoint. If zero, DefaultQuarantineBackoffMax (30s), or
+	// QuarantineBackoff if that is longer.
+	QuarantineBackoffMax time.Duration
+	// MaxConcurrentProbes caps how many probes of a round run at once, so
+	// that a pool of thousands of endpoints does not open thousands of
+	// connections at the same moment; the round then takes longer, while
+	// every probe keeps its own Timeout. With fewer endpoints than the cap
+	// all probes of a round start together. If zero,
+	// DefaultMaxConcurrentProbes (32). If negative, no cap.
+	MaxConcurrentProbes int
 	// Zone is the topology zone of this client; endpoints in the same zone
 	// are preferred after local ones. If empty, zones are ignored.
 	Zone string
@@ -85,6 +111,15 @@ func (c *Config) setDefaults() error {
 	if c.Fall == 0 {
 		c.Fall = DefaultFall
 	}
+	if c.QuarantineBackoff == 0 {
+		c.QuarantineBackoff = DefaultQuarantineBackoff
+	}
+	if c.QuarantineBackoffMax == 0 {
+		c.QuarantineBackoffMax = max(DefaultQuarantineBackoffMax, c.QuarantineBackoff)
+	}
+	if c.MaxConcurrentProbes == 0 {
+		c.MaxConcurrentProbes = DefaultMaxConcurrentProbes
+	}
 	switch {
 	case c.Interval < 0:
 		return fmt.Errorf("upstream: interval %v must be positive", c.Interval)
@@ -96,6 +131,10 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("upstream: rise %d must be at least 1", c.Rise)
 	case c.Fall < 1:
 		return fmt.Errorf("upstream: fall %d must be at least 1", c.Fall)
+	case c.QuarantineBackoff < 0:
+		return fmt.Errorf("upstream: quarantine backoff %v must be positive", c.QuarantineBackoff)
+	case c.QuarantineBackoffMax < c.QuarantineBackoff:
+		return fmt.Errorf("upstream: quarantine backoff max %v must be at least the quarantine backoff %v", c.QuarantineBackoffMax, c.QuarantineBackoff)
 	}
 	if c.IsLocal == nil {
 		c.IsLocal = newLocalAddrs().isLocal
@@ -109,6 +148,9 @@ type Pool struct {
 	cfg  Config
 	seed maphash.Seed
 	kick chan struct{}
+	// active is when the probe loop last started a round or a probe, in
+	// Unix nanoseconds; zero before the first round.
+	active atomic.Int64
 
 	mu sync.Mutex // guards the fields below
 	// eps holds every endpoint by canonical address.
@@ -123,6 +165,8 @@ type Pool struct {
 	delivering bool
 	subs       map[int]func(Event)
 	nextSub    int
+	// slowNext is the earliest end of a slow demotion (zero if none).
+	slowNext time.Time
 }
 
 // endpoint is the pool's record of one address. Guarded by Pool.mu.
@@ -143,6 +187,20 @@ type endpoint struct {
 	conns    int
 	lastErr  error
 	since    time.Time
+	// Dial races (see slow.go): consecutive races lost as the first
+	// candidate, the current demotion's length, and when it ends (zero
+	// when not demoted).
+	racesLost int
+	slowHold  time.Duration
+	slowUntil time.Time
+
+	// Quarantine backoff (see Config.QuarantineBackoff). qGen counts the
+	// times the endpoint entered quarantine, so that a re-probe's result
+	// applies only to the quarantine it was started for.
+	qGen     uint64
+	qBackoff time.Duration // the current wait; zero: start over
+	qNext    time.Time     // when the next re-probe is due
+	qLifted  time.Time     // when a probe last lifted the quarantine
 }
 
 // New returns a pool with no endpoints. Add them with Set.
@@ -218,7 +276,7 @@ func (p *Pool) Set(source Source, specs []Spec) error {
 			e.zone = s.Zone
 			p.dirty = true
 			if e.state == StateQuarantined { // its configuration changed
-				p.setStateLocked(e, StateUnknown, nil, now)
+				p.resetQuarantineLocked(e, now)
 			}
 		}
 	}
@@ -264,7 +322,7 @@ func (p *Pool) ResetQuarantine() {
 	p.mu.Lock()
 	for _, e := range p.eps {
 		if e.state == StateQuarantined {
-			p.setStateLocked(e, StateUnknown, nil, now)
+			p.resetQuarantineLocked(e, now)
 		}
 	}
 	p.rebuildLocked()
@@ -279,10 +337,11 @@ func (p *Pool) ReportSuccess(addr string) {
 	p.observe(addr, 0, nil, 0)
 }
 
-// ReportFailure records a failure seen on real traffic to addr. Dial, TLS
-// and lost-connection failures count towards Fall and mark the endpoint
-// suspect at once; a certificate failure quarantines it; GOAWAY only ranks
-// it lower until its next successful probe. The probe loop is woken early.
+// ReportFailure records a failure seen on real traffic to addr. Dial, TLS,
+// certificate time-validity and lost-connection failures count towards Fall
+// and mark the endpoint suspect at once; a certificate failure quarantines
+// it; GOAWAY only ranks it lower until its next successful probe. The probe
+// loop is woken early.
 func (p *Pool) ReportFailure(addr string, f Failure, err error) {
 	if err == nil {
 		err = errors.New(f.String())
@@ -319,7 +378,7 @@ func (p *Pool) observe(addr string, rtt time.Duration, err error, f Failure) {
 
 func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failure, now time.Time) {
 	if e.state == StateQuarantined {
-		return // only a configuration change lifts it
+		return // only a re-probe (reprobedLocked) or a configuration change lifts it
 	}
 	if err == nil {
 		p.setRTTLocked(e, rtt)
@@ -336,8 +395,8 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 		return
 	}
 	e.lastErr = err
-	if f == FailureCertificate || errors.Is(err, ErrCertificate) {
-		p.setStateLocked(e, StateQuarantined, err, now)
+	if quarantines(f, err) {
+		p.quarantineLocked(e, err, now)
 		return
 	}
 	if f == FailureGoAway {
@@ -356,6 +415,52 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 	if e.state == StateUnknown || e.state == StateHealthy && e.fail >= p.cfg.Fall {
 		p.setStateLocked(e, StateUnhealthy, err, now)
 	}
+}
+
+// quarantines reports whether a failure quarantines its endpoint: the
+// certificate did not verify, for a reason other than its validity period.
+func quarantines(f Failure, err error) bool {
+	return (f == FailureCertificate || errors.Is(err, ErrCertificate)) && !IsCertificateTimeError(err)
+}
+
+// quarantineLocked quarantines e and schedules its first re-probe: after
+// QuarantineBackoff, or after twice its last wait if a probe lifted its
+// last quarantine less than QuarantineBackoffMax ago.
+func (p *Pool) quarantineLocked(e *endpoint, err error, now time.Time) {
+	if e.qBackoff == 0 || now.Sub(e.qLifted) >= p.cfg.QuarantineBackoffMax {
+		e.qBackoff = p.cfg.QuarantineBackoff
+	} else {
+		e.qBackoff = min(2*e.qBackoff, p.cfg.QuarantineBackoffMax)
+	}
+	e.qNext = now.Add(p.jitter(e.qBackoff))
+	e.qGen++
+	e.draining = false
+	p.setStateLocked(e, StateQuarantined, err, now)
+}
+
+// reprobedLocked applies the result of a re-probe of quarantined e. A
+// success is a verified certificate: e becomes healthy at once, as an
+// endpoint never probed does on its first success (and as one lifted by
+// ResetQuarantine does on its next probe). A failure of any kind keeps the
+// quarantine and doubles the wait for the next re-probe.
+func (p *Pool) reprobedLocked(e *endpoint, rtt time.Duration, err error, now time.Time) {
+	if err != nil {
+		e.lastErr = err
+		e.qBackoff = min(2*e.qBackoff, p.cfg.QuarantineBackoffMax)
+		e.qNext = now.Add(p.jitter(e.qBackoff))
+		return
+	}
+	p.setRTTLocked(e, rtt)
+	e.lastErr = nil
+	e.qLifted = now
+	p.setStateLocked(e, StateHealthy, nil, now)
+}
+
+// resetQuarantineLocked lifts e's quarantine after a configuration change:
+// e is unknown again and its backoff starts over.
+func (p *Pool) resetQuarantineLocked(e *endpoint, now time.Time) {
+	e.qBackoff = 0
+	p.setStateLocked(e, StateUnknown, nil, now)
 }
 
 // setRTTLocked folds a probe duration into the moving average and moves
@@ -439,11 +544,17 @@ func (p *Pool) flush() {
 // empty.
 func (p *Pool) Pick() (string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.order) == 0 {
+	p.expireSlowLocked(time.Now())
+	addr := ""
+	if len(p.order) > 0 {
+		addr = p.order[0].addr
+	}
+	p.mu.Unlock()
+	p.flush()
+	if addr == "" {
 		return "", ErrNoEndpoints
 	}
-	return p.order[0].addr, nil
+	return addr, nil
 }
 
 // Candidates returns every endpoint, best first: healthy before unknown
@@ -457,12 +568,26 @@ func (p *Pool) Pick() (string, error) {
 // only when the pool is.
 func (p *Pool) Candidates() []string {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.expireSlowLocked(time.Now())
 	out := make([]string, len(p.order))
 	for i, e := range p.order {
 		out[i] = e.addr
 	}
+	p.mu.Unlock()
+	p.flush()
 	return out
+}
+
+// LastProbeActivity returns when the probe loop (Run) last started a round
+// or a probe; zero before its first round, and always without a Prober. A
+// round that probes nothing counts: every endpoint may be quarantined and
+// waiting for its re-probe. Liveness checks compare it with Interval.
+func (p *Pool) LastProbeActivity() time.Time {
+	ns := p.active.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // Healthy reports whether at least one endpoint is healthy.
@@ -498,6 +623,7 @@ func (p *Pool) Status() []Status {
 			Local:     e.local,
 			Suspect:   e.suspect,
 			Draining:  e.draining,
+			Slow:      !e.slowUntil.IsZero(),
 			RTT:       e.rtt,
 			Conns:     e.conns,
 			Preferred: e.addr == p.preferred,

@@ -30,22 +30,35 @@ func TestConfigDefaults(t *testing.T) {
 	}{
 		{
 			name: "zero",
-			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0.1, Rise: 2, Fall: 2},
+			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0.1, Rise: 2, Fall: 2, QuarantineBackoff: 5 * time.Second, QuarantineBackoffMax: 30 * time.Second, MaxConcurrentProbes: 32},
 		},
 		{
 			name: "short interval bounds the default timeout",
 			cfg:  upstream.Config{Interval: 200 * time.Millisecond},
-			want: upstream.Config{Interval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, Jitter: 0.1, Rise: 2, Fall: 2},
+			want: upstream.Config{Interval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, Jitter: 0.1, Rise: 2, Fall: 2, QuarantineBackoff: 5 * time.Second, QuarantineBackoffMax: 30 * time.Second, MaxConcurrentProbes: 32},
 		},
 		{
 			name: "negative jitter disables it",
 			cfg:  upstream.Config{Jitter: -1},
-			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0, Rise: 2, Fall: 2},
+			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0, Rise: 2, Fall: 2, QuarantineBackoff: 5 * time.Second, QuarantineBackoffMax: 30 * time.Second, MaxConcurrentProbes: 32},
+		},
+		{
+			name: "a long quarantine backoff raises the default cap",
+			cfg:  upstream.Config{QuarantineBackoff: time.Minute},
+			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0.1, Rise: 2, Fall: 2, QuarantineBackoff: time.Minute, QuarantineBackoffMax: time.Minute, MaxConcurrentProbes: 32},
 		},
 		{
 			name: "explicit values kept",
-			cfg:  upstream.Config{Interval: 5 * time.Second, Timeout: 5 * time.Second, Jitter: 0.5, Rise: 1, Fall: 3, Zone: "z1"},
-			want: upstream.Config{Interval: 5 * time.Second, Timeout: 5 * time.Second, Jitter: 0.5, Rise: 1, Fall: 3, Zone: "z1"},
+			cfg: upstream.Config{Interval: 5 * time.Second, Timeout: 5 * time.Second, Jitter: 0.5, Rise: 1, Fall: 3, Zone: "z1",
+				QuarantineBackoff: time.Second, QuarantineBackoffMax: 2 * time.Second, MaxConcurrentProbes: 4},
+			want: upstream.Config{Interval: 5 * time.Second, Timeout: 5 * time.Second, Jitter: 0.5, Rise: 1, Fall: 3, Zone: "z1",
+				QuarantineBackoff: time.Second, QuarantineBackoffMax: 2 * time.Second, MaxConcurrentProbes: 4},
+		},
+		{
+			name: "negative MaxConcurrentProbes means no cap",
+			cfg:  upstream.Config{MaxConcurrentProbes: -1},
+			want: upstream.Config{Interval: time.Second, Timeout: time.Second, Jitter: 0.1, Rise: 2, Fall: 2,
+				QuarantineBackoff: 5 * time.Second, QuarantineBackoffMax: 30 * time.Second, MaxConcurrentProbes: -1},
 		},
 	}
 	for _, tt := range tests {
@@ -85,6 +98,9 @@ func TestConfigErrors(t *testing.T) {
 		{"jitter +Inf", upstream.Config{Jitter: math.Inf(1)}, "jitter +Inf"},
 		{"negative rise", upstream.Config{Rise: -1}, "rise -1"},
 		{"negative fall", upstream.Config{Fall: -2}, "fall -2"},
+		{"negative quarantine backoff", upstream.Config{QuarantineBackoff: -time.Second}, "quarantine backoff -1s"},
+		{"quarantine backoff max below backoff", upstream.Config{QuarantineBackoff: 10 * time.Second, QuarantineBackoffMax: 5 * time.Second},
+			"quarantine backoff max 5s must be at least the quarantine backoff 10s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

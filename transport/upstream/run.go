@@ -17,9 +17,12 @@ func (p *Pool) Kick() {
 	}
 }
 
-// Run probes every endpoint that is not quarantined, concurrently, once per
-// Interval (with jitter) and whenever Kick asks, until ctx is done. It
-// returns only after every probe it started has returned.
+// Run probes the endpoints once per Interval (with jitter) and whenever Kick
+// asks, until ctx is done: every endpoint that is not quarantined in every
+// round, a quarantined one in the first round after its backoff has passed
+// (see Config.QuarantineBackoff). Probes run concurrently, at most
+// MaxConcurrentProbes at once. It returns only after every probe it started
+// has returned.
 func (p *Pool) Run(ctx context.Context) error {
 	if p.cfg.Prober == nil {
 		<-ctx.Done()
@@ -41,6 +44,7 @@ func (p *Pool) Run(ctx context.Context) error {
 			}
 		}
 		last = time.Now()
+		p.active.Store(last.UnixNano())
 		p.probeRound(ctx)
 		// Rounds keep their cadence: a round that ran into timeouts does
 		// not push the next one back.
@@ -48,67 +52,110 @@ func (p *Pool) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Pool) nextInterval() time.Duration {
-	d := p.cfg.Interval
+func (p *Pool) nextInterval() time.Duration { return p.jitter(p.cfg.Interval) }
+
+// jitter spreads d by ±Jitter×d.
+func (p *Pool) jitter(d time.Duration) time.Duration {
 	if j := p.cfg.Jitter; j > 0 {
 		d += time.Duration((rand.Float64()*2 - 1) * j * float64(d))
 	}
 	return d
 }
 
-type probeResult struct {
+// probeJob is one probe of a round. qGen is the endpoint's quarantine
+// generation for a re-probe of a quarantined endpoint, zero otherwise.
+type probeJob struct {
 	addr string
-	rtt  time.Duration
-	err  error
+	qGen uint64
 }
 
-// probeRound probes all endpoints concurrently, each with its own timeout,
-// and applies the results together.
+type probeResult struct {
+	probeJob
+	rtt time.Duration
+	err error
+}
+
+// probeRound probes the endpoints that are due, each with its own timeout,
+// at most MaxConcurrentProbes at once, and applies the results together.
 func (p *Pool) probeRound(ctx context.Context) {
+	now := time.Now()
 	p.mu.Lock()
-	addrs := make([]string, 0, len(p.eps))
+	jobs := make([]probeJob, 0, len(p.eps))
 	for addr, e := range p.eps {
-		if e.state != StateQuarantined {
-			addrs = append(addrs, addr)
+		switch {
+		case e.state != StateQuarantined:
+			jobs = append(jobs, probeJob{addr: addr})
+		case !now.Before(e.qNext):
+			jobs = append(jobs, probeJob{addr: addr, qGen: e.qGen})
 		}
 	}
 	p.mu.Unlock()
-	if len(addrs) == 0 {
+	if len(jobs) == 0 {
 		return
 	}
-	results := make(chan probeResult, len(addrs))
+	queue := make(chan probeJob, len(jobs))
+	for _, j := range jobs {
+		queue <- j
+	}
+	close(queue)
+	workers := len(jobs)
+	if n := p.cfg.MaxConcurrentProbes; n > 0 {
+		workers = min(workers, n)
+	}
+	results := make(chan probeResult, len(jobs))
 	var wg sync.WaitGroup
-	for _, addr := range addrs {
+	for range workers {
 		wg.Add(1)
-		go p.probeOne(ctx, addr, results, &wg)
+		go p.probeWorker(ctx, queue, results, &wg)
 	}
 	wg.Wait()
 	close(results)
 	if ctx.Err() != nil {
 		return // results of cancelled probes say nothing about the endpoints
 	}
-	now := time.Now()
+	now = time.Now()
 	p.mu.Lock()
 	for r := range results {
-		if e, ok := p.eps[r.addr]; ok {
+		e, ok := p.eps[r.addr]
+		switch {
+		case !ok:
+		case e.state != StateQuarantined:
 			p.observeLocked(e, r.rtt, r.err, 0, now)
+		case r.qGen == e.qGen:
+			p.reprobedLocked(e, r.rtt, r.err, now)
+		default:
+			// Quarantined while this probe ran (or again since it
+			// started): the probe may predate the certificate failure.
 		}
 	}
+	p.expireSlowLocked(now)
 	p.rebuildLocked()
 	p.mu.Unlock()
 	p.flush()
 }
 
-func (p *Pool) probeOne(ctx context.Context, addr string, results chan<- probeResult, wg *sync.WaitGroup) {
+// probeWorker runs the probes of a round from queue until it is empty or
+// ctx is done.
+func (p *Pool) probeWorker(ctx context.Context, queue <-chan probeJob, results chan<- probeResult, wg *sync.WaitGroup) {
 	defer wg.Done()
+	for j := range queue {
+		if ctx.Err() != nil {
+			return
+		}
+		results <- p.probeOne(ctx, j)
+	}
+}
+
+func (p *Pool) probeOne(ctx context.Context, j probeJob) probeResult {
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	err := p.cfg.Prober.Probe(pctx, addr)
+	p.active.Store(start.UnixNano())
+	err := p.cfg.Prober.Probe(pctx, j.addr)
 	rtt := time.Since(start)
 	if err == nil && pctx.Err() != nil {
 		err = pctx.Err()
 	}
-	p.cfg.Logger.V(4).Info("probe", "addr", addr, "rtt", rtt, "err", errString(err))
-	results <- probeResult{addr: addr, rtt: rtt, err: err}
+	p.cfg.Logger.V(4).Info("probe", "addr", j.addr, "quarantined", j.qGen != 0, "rtt", rtt, "err", errString(err))
+	return probeResult{probeJob: j, rtt: rtt, err: err}
 }

@@ -1,0 +1,4 @@
+package localproxy
+
+// NewDiscovery exposes newDiscovery to the tests.
+var NewDiscovery = newDiscovery

@@ -1,0 +1,213 @@
+//lint:file-ignore SA1019 the v1 Endpoints fallback for node identities is what these tests exercise.
+
+package transport_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+const staticAddr = "10.9.9.9:6443"
+
+// kubeSlice is an EndpointSlice of the kubernetes Service with addrs on
+// port 6443, all ready or all not ready.
+func kubeSlice(name string, ready bool, addrs ...string) *discoveryv1.EndpointSlice {
+	port, https := int32(6443), "https"
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &https, Port: &port}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return s
+}
+
+// kubeEndpoints is the kubernetes Endpoints object with ready addresses
+// and not-ready ones, on port 6443.
+func kubeEndpoints(ready, notReady []string) *corev1.Endpoints {
+	ss := corev1.EndpointSubset{Ports: []corev1.EndpointPort{{Name: "https", Port: 6443}}}
+	for _, a := range ready {
+		ss.Addresses = append(ss.Addresses, corev1.EndpointAddress{IP: a})
+	}
+	for _, a := range notReady {
+		ss.NotReadyAddresses = append(ss.NotReadyAddresses, corev1.EndpointAddress{IP: a})
+	}
+	return &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"}, Subsets: []corev1.EndpointSubset{ss}}
+}
+
+// forbidSlices makes listing EndpointSlices fail with 403 while forbidden
+// is set, as for a node identity.
+func forbidSlices(cs *fake.Clientset, forbidden *atomic.Bool) {
+	cs.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if forbidden.Load() {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", errors.New("RBAC: access denied"))
+		}
+		return false, nil, nil
+	})
+}
+
+// newDiscoveryPool returns a pool with one static endpoint.
+func newDiscoveryPool(t *testing.T) *upstream.Pool {
+	t.Helper()
+	p, err := upstream.New(upstream.Config{})
+	require.NoError(t, err)
+	require.NoError(t, p.Set(upstream.SourceStatic, []upstream.Spec{{Addr: staticAddr}}))
+	return p
+}
+
+// runDiscoverer runs a Discoverer until the test ends.
+func runDiscoverer(t *testing.T, cs kubernetes.Interface, pool *upstream.Pool, opts transport.DiscovererOptions) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	d := transport.NewDiscoverer(cs, pool, opts)
+	go func() {
+		defer close(done)
+		d.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+func discovered(p *upstream.Pool) []string {
+	var out []string
+	for _, s := range p.Status() {
+		if s.Sources&upstream.SourceDiscovery != 0 {
+			out = append(out, s.Addr)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestDiscoveryKeepsTheLastGoodSet(t *testing.T) {
+	t.Run("one slice", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1", "10.0.0.2"))
+			pool := newDiscoveryPool(t)
+			runDiscoverer(t, cs, pool, transport.DiscovererOptions{})
+			synctest.Wait()
+			good := []string{"10.0.0.1:6443", "10.0.0.2:6443"}
+			require.Equal(t, good, discovered(pool))
+
+			api := cs.DiscoveryV1().EndpointSlices("default")
+			_, err := api.Update(t.Context(), kubeSlice("kubernetes", false, "10.0.0.1", "10.0.0.2"), metav1.UpdateOptions{})
+			require.NoError(t, err)
+			synctest.Wait()
+			assert.Equal(t, good, discovered(pool), "no ready endpoint: the last good set stays")
+
+			_, err = api.Update(t.Context(), kubeSlice("kubernetes", true), metav1.UpdateOptions{})
+			require.NoError(t, err)
+			synctest.Wait()
+			assert.Equal(t, good, discovered(pool), "no endpoint: the last good set stays")
+
+			require.NoError(t, api.Delete(t.Context(), "kubernetes", metav1.DeleteOptions{}))
+			synctest.Wait()
+			assert.Equal(t, good, discovered(pool), "no slice: the last good set stays")
+
+			_, err = api.Create(t.Context(), kubeSlice("kubernetes", true, "10.0.0.3"), metav1.CreateOptions{})
+			require.NoError(t, err)
+			synctest.Wait()
+			assert.Equal(t, []string{"10.0.0.3:6443"}, discovered(pool), "a smaller set applies: removals are real")
+			assert.True(t, pool.Has(staticAddr))
+		})
+	})
+	t.Run("several slices", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			cs := fake.NewClientset(kubeSlice("kubernetes-a", true, "10.0.0.1"), kubeSlice("kubernetes-b", true, "10.0.0.2"))
+			pool := newDiscoveryPool(t)
+			runDiscoverer(t, cs, pool, transport.DiscovererOptions{})
+			synctest.Wait()
+			require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool))
+
+			api := cs.DiscoveryV1().EndpointSlices("default")
+			_, err := api.Update(t.Context(), kubeSlice("kubernetes-b", false, "10.0.0.2"), metav1.UpdateOptions{})
+			require.NoError(t, err)
+			synctest.Wait()
+			assert.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "one slice still has a ready endpoint: the other's go")
+
+			require.NoError(t, api.Delete(t.Context(), "kubernetes-a", metav1.DeleteOptions{}))
+			synctest.Wait()
+			assert.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "no ready endpoint in any slice: the last good set stays")
+		})
+	})
+	t.Run("Endpoints fallback", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			cs := fake.NewClientset(kubeEndpoints([]string{"10.0.0.1", "10.0.0.2"}, nil))
+			var forbidden atomic.Bool
+			forbidden.Store(true)
+			forbidSlices(cs, &forbidden)
+			pool := newDiscoveryPool(t)
+			runDiscoverer(t, cs, pool, transport.DiscovererOptions{PollInterval: 10 * time.Second})
+			synctest.Wait()
+			good := []string{"10.0.0.1:6443", "10.0.0.2:6443"}
+			require.Equal(t, good, discovered(pool))
+
+			_, err := cs.CoreV1().Endpoints("default").Update(t.Context(), kubeEndpoints(nil, []string{"10.0.0.1", "10.0.0.2"}), metav1.UpdateOptions{})
+			require.NoError(t, err)
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			assert.Equal(t, good, discovered(pool), "no ready address: the last good set stays")
+
+			_, err = cs.CoreV1().Endpoints("default").Update(t.Context(), kubeEndpoints([]string{"10.0.0.2"}, []string{"10.0.0.1"}), metav1.UpdateOptions{})
+			require.NoError(t, err)
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			assert.Equal(t, []string{"10.0.0.2:6443"}, discovered(pool), "a smaller set applies")
+		})
+	})
+}
+
+// A node identity that may not list EndpointSlices polls the Endpoints
+// object; once RBAC allows slices, discovery goes back to them without a
+// restart.
+func TestDiscoveryRetriesEndpointSlicesAfterForbidden(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1", "10.0.0.2"), kubeEndpoints([]string{"10.0.0.1"}, nil))
+		var forbidden atomic.Bool
+		forbidden.Store(true)
+		forbidSlices(cs, &forbidden)
+		pool := newDiscoveryPool(t)
+		runDiscoverer(t, cs, pool, transport.DiscovererOptions{PollInterval: 10 * time.Second})
+		synctest.Wait()
+		require.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "from the Endpoints fallback")
+
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "still forbidden: still the fallback")
+
+		forbidden.Store(false) // RBAC fixed
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool), "EndpointSlices are tried again")
+
+		// And the slice watch is what applies now.
+		_, err := cs.DiscoveryV1().EndpointSlices("default").Update(t.Context(), kubeSlice("kubernetes", true, "10.0.0.2"), metav1.UpdateOptions{})
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, []string{"10.0.0.2:6443"}, discovered(pool))
+	})
+}

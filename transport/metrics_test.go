@@ -1,0 +1,61 @@
+package transport_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// seriesOf counts the series of the metric family name with the label
+// endpoint=addr.
+func seriesOf(t *testing.T, g prometheus.Gatherer, name, addr string) int {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "endpoint" && l.GetValue() == addr {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// The per-endpoint series of an endpoint go with it: discovery churn must
+// not grow the metrics without bound.
+func TestMetricsForgetRemovedEndpoints(t *testing.T) {
+	c := newCluster(t, 2)
+	reg := prometheus.NewPedanticRegistry()
+	f, err := transport.Wrap(t.Context(), c.config(), transport.Options{DisableDiscovery: true, Registerer: reg})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+
+	gone := c.servers[1].addr
+	require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: gone}}))
+	for _, addr := range []string{gone, f.Origin()} {
+		conn, _, err := f.Dialer().DialAny(t.Context(), []string{addr})
+		require.NoError(t, err)
+		conn.Close()
+		require.Equal(t, 1, seriesOf(t, reg, "apifailover_dial_duration_seconds", addr))
+	}
+
+	require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, nil))
+	require.False(t, f.Pool().Has(gone))
+	assert.Eventually(t, func() bool {
+		return seriesOf(t, reg, "apifailover_dial_duration_seconds", gone) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the removed endpoint's series stay")
+	assert.Equal(t, 1, seriesOf(t, reg, "apifailover_dial_duration_seconds", f.Origin()), "the others stay")
+}
