@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -345,7 +346,12 @@ func withClientCert(t *testing.T, bed *testbed.Bed) (*clientCertFile, func(*rest
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := &clientCertFile{path: filepath.Join(t.TempDir(), "client.pem"), notAfter: cert.NotAfter}
+	// In the bed's directory, not the test's: client-go's certificate
+	// reloader (of its transport cache) outlives the client and would log
+	// a missing file every CertCallbackRefreshDuration for the rest of the
+	// suite.
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()) + "-client.pem"
+	cc := &clientCertFile{path: filepath.Join(bed.Dir(), name), notAfter: cert.NotAfter}
 	if err := cert.WriteFile(cc.path); err != nil {
 		t.Fatal(err)
 	}
