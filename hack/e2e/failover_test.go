@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/testbed/bedtest"
 )
@@ -16,23 +18,30 @@ type scenario struct {
 	name  string
 	fault string
 	run   func(e *env)
+	// clientCert, if set, makes the client authenticate with a client
+	// certificate file (see withClientCert) instead of the admin token.
+	clientCert bool
 }
 
 var scenarios = []scenario{
-	{"S1-kill", "SIGKILL the serving apiserver", s1Kill},
-	{"S2-blackhole", "iptables DROP to and from the serving apiserver", s2Blackhole},
-	{"S3-hang", "SIGSTOP the serving apiserver", s3Hang},
-	{"S4-graceful", "SIGTERM the serving apiserver (shutdown delay 2s)", s4Graceful},
-	{"S5-generatename", "SIGKILL then blackhole the serving apiserver under generateName creates", s5GenerateName},
-	{"S6-all-down", "SIGKILL every apiserver, then restart one", s6AllDown},
-	{"S7-churn", "AddAPIServer, move traffic to it, RemoveAPIServer", s7Churn},
-	{"S8-etcd-pause", "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", s8EtcdPause},
+	{name: "S1-kill", fault: "SIGKILL the serving apiserver", run: s1Kill},
+	{name: "S2-blackhole", fault: "iptables DROP to and from the serving apiserver", run: s2Blackhole},
+	{name: "S3-hang", fault: "SIGSTOP the serving apiserver", run: s3Hang},
+	{name: "S4-graceful", fault: "SIGTERM the serving apiserver (shutdown delay 2s)", run: s4Graceful},
+	{name: "S5-generatename", fault: "SIGKILL then blackhole the serving apiserver under generateName creates", run: s5GenerateName},
+	{name: "S6-all-down", fault: "SIGKILL every apiserver, then restart one", run: s6AllDown},
+	{name: "S7-churn", fault: "AddAPIServer, move traffic to it, RemoveAPIServer", run: s7Churn},
+	{name: "S8-etcd-pause", fault: "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", run: s8EtcdPause},
+	{name: "S9-slow", fault: "new connections to the serving apiserver answer slowly (+300ms handshake, +2s per response)", run: s9Slow},
+	{name: "S10-lossy", fault: "20% of packets to and from the serving apiserver dropped at random", run: s10Lossy},
+	{name: "S11-cert", fault: "an apiserver restarts with a not-yet-valid serving certificate, then a misnamed one, then a good one", run: s11Cert},
+	{name: "S12-client-cert-rotation", fault: "the client certificate file is replaced before the old certificate expires", run: s12ClientCertRotation, clientCert: true},
 }
 
 // TestFailover runs every scenario on every path against one test bed,
 // healed between scenarios so each starts with every apiserver healthy.
 func TestFailover(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 35*time.Minute)
 	defer cancel()
 	bed := startBed(t, ctx)
 	for _, p := range paths {
@@ -49,13 +58,18 @@ func TestFailover(t *testing.T) {
 					r.Error = err.Error()
 					t.Fatalf("heal before the scenario: %v", err)
 				}
-				c := p.connect(t, ctx, bed)
+				var cc *clientCertFile
+				var auth func(*rest.Config)
+				if sc.clientCert {
+					cc, auth = withClientCert(t, bed)
+				}
+				c := p.connect(t, ctx, bed, auth)
 				t.Cleanup(func() {
 					if t.Failed() {
 						t.Logf("client log:\n%s", c.Log())
 					}
 				})
-				e := &env{t: t, ctx: ctx, bed: bed, c: c, row: r}
+				e := &env{t: t, ctx: ctx, bed: bed, c: c, row: r, clientCert: cc}
 				e.settle()
 				e.startKubectl()
 				sc.run(e)

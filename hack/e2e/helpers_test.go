@@ -41,6 +41,9 @@ type env struct {
 	// kubectlTolerated are the windows in which kubectl runs may fail
 	// (tolerateKubectl).
 	kubectlTolerated [][2]time.Time
+	// clientCert is the client's certificate file, for scenarios with
+	// clientCert set.
+	clientCert *clientCertFile
 }
 
 // figure records a measurement in the summary row (to the millisecond)

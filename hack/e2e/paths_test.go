@@ -30,7 +30,9 @@ import (
 type path struct {
 	name string
 	// connect builds a client for bed. It registers its own cleanup.
-	connect func(t *testing.T, ctx context.Context, bed *testbed.Bed) *client
+	// auth, if set, changes the client's credentials (the admin token by
+	// default) before it is built.
+	connect func(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client
 }
 
 // paths are the client paths under test: transport.Wrap in-process, and
@@ -52,6 +54,11 @@ type client struct {
 	// Endpoints returns the client's endpoints and their health state
 	// ("healthy", "unhealthy", ...).
 	Endpoints func() map[string]string
+	// Preferred returns the endpoint the client's pool puts first.
+	Preferred func() string
+	// Subscribe passes the changes of the client's pool to fn, in order,
+	// until cancel.
+	Subscribe func(fn func(upstream.Event)) (cancel func())
 	// Settled reports whether the client knows addrs, healthy, well
 	// enough that its choice will not move without cause (for the
 	// transport: probed, RTT measured). Scenarios start their load then,
@@ -93,17 +100,21 @@ const recoverySlack = 2 * time.Second
 
 // connectTransport is the in-process path: transport.Wrap on the origin
 // config with default options (discovery on).
-func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed) *client {
+func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
 	opts := transport.Options{Registerer: reg, Logger: logs.logger()}
-	f, err := transport.Wrap(ctx, bed.RESTConfig(testbed.Origin), opts)
+	cfg := bed.RESTConfig(testbed.Origin)
+	if auth != nil {
+		auth(cfg)
+	}
+	f, err := transport.Wrap(ctx, cfg, opts)
 	if err != nil {
 		t.Fatalf("transport.Wrap: %v", err)
 	}
 	t.Cleanup(func() { f.Close() })
-	cfg := f.Pool().Config()
+	pcfg := f.Pool().Config()
 	return &client{
 		Config:     f.Config(),
 		HTTPClient: f.HTTPClient(),
@@ -129,7 +140,9 @@ func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed) *clie
 		},
 		OpenConns:      f.OpenConns,
 		DialAttempts:   func() map[string]int { return dialAttempts(t, reg, "apifailover_dial_duration_seconds") },
-		RecoveryBudget: time.Duration(cfg.Rise)*cfg.Interval + recoverySlack,
+		Preferred:      func() string { return preferred(f.Pool()) },
+		Subscribe:      f.Pool().Subscribe,
+		RecoveryBudget: time.Duration(pcfg.Rise)*pcfg.Interval + recoverySlack,
 		Log: func() string {
 			st, _ := json.MarshalIndent(f.Pool().Status(), "", "  ")
 			return fmt.Sprintf("%s\npool: %s\nopen connections: %v", logs.String(), st, f.OpenConns())
@@ -255,12 +268,15 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 
 // connectLocalProxy is the node-local proxy path: a localproxy in this
 // process and an admin client for testbed.LocalProxy through it.
-func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *client {
+func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
 	p := startLocalProxy(t, ctx, bed, reg, logs.logger())
 	cfg := bed.RESTConfig(testbed.LocalProxy)
+	if auth != nil {
+		auth(cfg)
+	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatalf("rest.HTTPClientFor: %v", err)
@@ -323,6 +339,8 @@ func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed) *cli
 			}
 			return out
 		},
+		Preferred:                   func() string { return preferred(p.Pool()) },
+		Subscribe:                   p.Pool().Subscribe,
 		DialAttempts:                func() map[string]int { return dialAttempts(t, reg, "apifailover_localproxy_dial_duration_seconds") },
 		RecoveryBudget:              time.Duration(pcfg.Rise)*pcfg.Interval + recoverySlack,
 		KillBudget:                  100 * time.Millisecond, // issue 4
@@ -354,4 +372,14 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) int {
 		}
 	}
 	return 0
+}
+
+// preferred is the endpoint pool puts first, "" if none.
+func preferred(pool *upstream.Pool) string {
+	for _, s := range pool.Status() {
+		if s.Preferred {
+			return s.Addr
+		}
+	}
+	return ""
 }

@@ -35,9 +35,16 @@ type APIServer struct {
 	name  string
 	host  string
 
-	mu   sync.Mutex // guards proc and hung
+	mu   sync.Mutex // guards proc, hung, shim and cert
 	proc *process   // current or last process; nil before the first start
 	hung bool       // SIGSTOPped
+	shim *shim      // the relay of Slow; nil when not slow
+	// oldShims are relays Fast left to their connections (closed by
+	// Bed.Close).
+	oldShims []*shim
+	// cert is the serving pair of a certificate fault (see
+	// RestartNotYetValid), nil for the shared good one.
+	cert *servingCert
 
 	csOnce sync.Once
 	cs     kubernetes.Interface // admin clientset talking to this server only
@@ -103,15 +110,20 @@ func (s *APIServer) Clientset() (kubernetes.Interface, error) {
 	return s.cs, s.csErr
 }
 
-func (s *APIServer) args() []string {
+// argsLocked is the command line; s.mu is held.
+func (s *APIServer) argsLocked() []string {
 	b := s.bed
+	serving := b.pki.serving
+	if s.cert != nil {
+		serving = s.cert.pair
+	}
 	args := []string{
 		"--etcd-servers=" + b.etcd.clientURL,
 		"--bind-address=" + s.host,
 		"--advertise-address=" + s.host,
 		"--secure-port=" + strconv.Itoa(APIServerPort),
-		"--tls-cert-file=" + b.pki.serving.certFile,
-		"--tls-private-key-file=" + b.pki.serving.keyFile,
+		"--tls-cert-file=" + serving.certFile,
+		"--tls-private-key-file=" + serving.keyFile,
 		"--client-ca-file=" + b.pki.ca.certFile,
 		"--token-auth-file=" + b.tokenFile,
 		"--authorization-mode=Node,RBAC",
@@ -141,7 +153,7 @@ func (s *APIServer) start() error {
 		// Root keeps every file readable; the group only tags sockets.
 		cred = &syscall.Credential{Uid: 0, Gid: APIServerGID, NoSetGroups: true}
 	}
-	proc, err := startProcess(s.name, s.LogFile(), s.bed.kube.apiserver, s.args(), cred)
+	proc, err := startProcess(s.name, s.LogFile(), s.bed.kube.apiserver, s.argsLocked(), cred)
 	if err != nil {
 		return err
 	}
@@ -161,11 +173,16 @@ func (s *APIServer) current() *process {
 // Readyz asks this server's /readyz (fresh connection, 2 s timeout) and
 // returns nil when it answers 200.
 func (s *APIServer) Readyz(ctx context.Context) error {
+	return s.readyz(ctx, s.bed.probe)
+}
+
+// readyz asks /readyz through probe.
+func (s *APIServer) readyz(ctx context.Context, probe *http.Client) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/readyz", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := s.bed.probe.Do(req)
+	resp, err := probe.Do(req)
 	if err != nil {
 		return err
 	}
@@ -202,7 +219,13 @@ func (s *APIServer) waitReady(ctx context.Context) error {
 		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := s.Readyz(pctx); err != nil {
+		// A server with a certificate fault is ready when it answers;
+		// its certificate is the fault.
+		probe := s.bed.probe
+		if s.CertFault() != "" {
+			probe = s.bed.probeUnverified
+		}
+		if err := s.readyz(pctx, probe); err != nil {
 			return false, err
 		}
 		return true, nil

@@ -71,10 +71,13 @@ type Bed struct {
 	tokenFile string
 	etcd      *etcd
 	probe     *http.Client // /readyz probes: fresh connection each, 2 s timeout
-	procs     procGroup
-	fw        *firewall
-	addrs     *loAddrs
-	exempt    bool // apiservers run as APIServerGID; their own connections escape faults
+	// probeUnverified is probe without certificate checks, for servers
+	// with a certificate fault.
+	probeUnverified *http.Client
+	procs           procGroup
+	fw              *firewall
+	addrs           *loAddrs
+	exempt          bool // apiservers run as APIServerGID; their own connections escape faults
 
 	mu         sync.Mutex // guards members, next, etcdPaused
 	etcdPaused bool
@@ -174,7 +177,7 @@ func (b *Bed) start(ctx context.Context) error {
 	b.fw = newFirewall(b.tools.iptables)
 	b.addrs = &loAddrs{ip: b.tools.ip}
 	if b.exempt = canSetGroups(); b.exempt {
-		if err := b.fw.set("exempt", []rule{exemptRule(APIServerPort)}); err != nil {
+		if err := b.fw.set("exempt", []rule{exemptRule(APIServerPort), relayExemptRule(APIServerPort)}); err != nil {
 			return fmt.Errorf("testbed: %w", err)
 		}
 	} else {
@@ -188,6 +191,13 @@ func (b *Bed) start(ctx context.Context) error {
 		Timeout: 2 * time.Second,
 		Transport: &http.Transport{
 			TLSClientConfig:   &tls.Config{RootCAs: certPool(b.pki.ca), ServerName: OriginName},
+			DisableKeepAlives: true,
+		},
+	}
+	b.probeUnverified = &http.Client{
+		Timeout: 2 * time.Second,
+		Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true},
 			DisableKeepAlives: true,
 		},
 	}
@@ -323,9 +333,10 @@ func (b *Bed) RemoveAPIServer(ctx context.Context, s *APIServer) error {
 	if err := s.GracefulStop(ctx); err != nil {
 		return err
 	}
-	if err := s.Restore(); err != nil {
+	if err := errors.Join(s.Restore(), s.Fast()); err != nil {
 		return err
 	}
+	s.closeShims()
 	b.mu.Lock()
 	b.members = slices.DeleteFunc(b.members, func(m *APIServer) bool { return m == s })
 	b.mu.Unlock()
@@ -411,6 +422,10 @@ func (b *Bed) Kubectl(ctx context.Context, args ...string) (string, error) {
 func (b *Bed) Close() error {
 	b.closeOnce.Do(func() {
 		var errs []error
+		for _, s := range b.APIServers() {
+			errs = append(errs, s.Fast())
+			s.closeShims()
+		}
 		errs = append(errs, b.procs.killAll())
 		if b.fw != nil {
 			errs = append(errs, b.fw.clearAll())

@@ -161,6 +161,12 @@ func newCA(cn string) (*keyPair, error) {
 }
 
 func newLeaf(ca *keyPair, cn string, dns []string, ips []net.IP, usage []x509.ExtKeyUsage) (*keyPair, error) {
+	now := time.Now()
+	return newLeafValid(ca, pkix.Name{CommonName: cn}, dns, ips, usage, now.Add(-time.Hour), now.Add(certValidity))
+}
+
+// newLeafValid is newLeaf with a subject and validity of the caller's.
+func newLeafValid(ca *keyPair, subject pkix.Name, dns []string, ips []net.IP, usage []x509.ExtKeyUsage, notBefore, notAfter time.Time) (*keyPair, error) {
 	key, err := newKey()
 	if err != nil {
 		return nil, err
@@ -169,12 +175,11 @@ func newLeaf(ca *keyPair, cn string, dns []string, ips []net.IP, usage []x509.Ex
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(certValidity),
+		Subject:      subject,
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  usage,
 		DNSNames:     dns,

@@ -2,7 +2,9 @@
 // benchmarks and demos of apifailover: one etcd and several kube-apiservers,
 // each on its own address (10.250.0.K:6443) inside a private network
 // namespace, plus a fault API to kill, hang, blackhole, reset, stop, restart,
-// add and remove apiservers.
+// add and remove apiservers, and gray faults that leave them up but unwell:
+// slow (a latency shim), lossy (random drops), serving certificates not yet
+// valid or for the wrong name, and client certificates that expire.
 //
 // A test binary calls [ReexecInNetns] from TestMain; the process then runs
 // inside a network namespace that dies with it, so addresses and iptables
@@ -62,4 +64,18 @@
 //     Endpoints is deprecated in v1.33+".
 //   - EndpointSlices reject loopback addresses, so the apiservers bind to
 //     10.250.0.K added to lo.
+//   - iptables nat OUTPUT DNAT works in the namespace, so Slow redirects
+//     new connections to a relay in the test process; the relay's own
+//     connections carry SO_MARK 0x2000 and are exempt. A GET on a new
+//     connection through Slow(300ms handshake, 1s response) takes ~1.31 s.
+//     With 20% random drops each way (Lossy) GETs on new connections
+//     succeed, the slowest of five ~1.2 s (a lost SYN costs 1 s).
+//   - kube-apiserver serves a serving certificate that is not yet valid
+//     without complaint; clients fail with "x509: certificate has expired
+//     or is not yet valid" until NotBefore and verify it at once after,
+//     no restart. Restarting one apiserver takes 5-8 s (2 s shutdown delay
+//     included) until it is listed again.
+//   - The x509 client authenticator verifies the client certificate on
+//     every request: a request on a connection opened while the
+//     certificate was valid is answered 401 once it has expired.
 package testbed

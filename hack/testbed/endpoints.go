@@ -54,7 +54,7 @@ func readyEndpointsVia(ctx context.Context, s *APIServer) ([]string, error) {
 func (b *Bed) ReadyEndpoints(ctx context.Context) ([]string, error) {
 	var errs []error
 	for _, s := range b.APIServers() {
-		if !s.Running() || s.Hung() || s.NetworkFault() != "" {
+		if !s.Running() || s.Hung() || s.NetworkFault() != "" || s.Slowed() || s.CertFault() != "" {
 			continue
 		}
 		addrs, err := readyEndpointsVia(ctx, s)

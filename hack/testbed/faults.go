@@ -91,7 +91,23 @@ func (s *APIServer) Reject() error {
 	return nil
 }
 
-// Restore removes a Blackhole or Reject. No-op when there is none.
+// Lossy drops packets to and from this apiserver's address and port at
+// random, each with probability p (0 < p < 1; iptables statistic match),
+// in both directions: TCP retransmits, so connections stay up but stall
+// now and then for a retransmission timeout (200 ms and more). The
+// apiserver's own connections are spared (see Blackhole). Replaces a
+// Blackhole or Reject. Undo with Restore.
+func (s *APIServer) Lossy(p float64) error {
+	if !(p > 0 && p < 1) {
+		return fmt.Errorf("%s: lossy: probability %v: want 0 < p < 1", s.name, p)
+	}
+	if err := s.bed.fw.set(s.host, lossyRules(s.host, APIServerPort, p)); err != nil {
+		return fmt.Errorf("%s: lossy: %w", s.name, err)
+	}
+	return nil
+}
+
+// Restore removes a Blackhole, Reject or Lossy. No-op when there is none.
 func (s *APIServer) Restore() error {
 	if err := s.bed.fw.set(s.host, nil); err != nil {
 		return fmt.Errorf("%s: restore: %w", s.name, err)
@@ -99,13 +115,16 @@ func (s *APIServer) Restore() error {
 	return nil
 }
 
-// NetworkFault reports the active network fault: "blackhole", "reject" or "".
+// NetworkFault reports the active network fault: "blackhole", "reject",
+// "lossy" or "".
 func (s *APIServer) NetworkFault() string {
 	rules := s.bed.fw.active(s.host)
-	if len(rules) == 0 {
+	switch {
+	case len(rules) == 0:
 		return ""
-	}
-	if slices.Contains(rules[0].spec, "DROP") {
+	case slices.Contains(rules[0].spec, "statistic"):
+		return "lossy"
+	case slices.Contains(rules[0].spec, "DROP"):
 		return "blackhole"
 	}
 	return "reject"
@@ -201,17 +220,21 @@ func (b *Bed) ResumeEtcd() error {
 	return nil
 }
 
-// Heal undoes every fault (a paused etcd, hung, blackholed or rejecting
-// apiservers) and restarts stopped apiservers, then waits until each
-// answers /readyz and the kubernetes EndpointSlice lists them all: a
-// scenario or benchmark run after it starts from a healthy control plane.
+// Heal undoes every fault (a paused etcd; hung, blackholed, rejecting,
+// lossy or slow apiservers; serving certificate faults) and restarts
+// stopped apiservers, then waits until each answers /readyz and the
+// kubernetes EndpointSlice lists them all: a scenario or benchmark run
+// after it starts from a healthy control plane.
 func (b *Bed) Heal(ctx context.Context) error {
 	errs := []error{b.ResumeEtcd()}
 	for _, s := range b.APIServers() {
-		errs = append(errs, s.Resume(), s.Restore())
+		errs = append(errs, s.Resume(), s.Restore(), s.Fast())
 	}
 	for _, s := range b.APIServers() {
-		if !s.Running() {
+		switch {
+		case s.CertFault() != "":
+			errs = append(errs, s.RestartGoodCert(ctx))
+		case !s.Running():
 			errs = append(errs, s.Restart(ctx))
 		}
 	}

@@ -46,6 +46,17 @@ func exemptRule(port int) rule {
 	}}
 }
 
+// relayExemptRule marks the connections a Slow shim opens to its
+// apiserver (socket mark relayMark): they escape every fault, the shim's
+// own redirection included, as the apiservers' own connections do.
+func relayExemptRule(port int) rule {
+	return rule{"mangle", "OUTPUT", []string{
+		"-p", "tcp", "--dport", strconv.Itoa(port),
+		"-m", "mark", "--mark", relayMark,
+		"-j", "CONNMARK", "--set-xmark", exemptMark,
+	}}
+}
+
 // notExempt is prepended to fault rule matches.
 var notExempt = []string{"-m", "connmark", "!", "--mark", exemptMark}
 
@@ -75,6 +86,30 @@ func rejectRules(host string, port int) []rule {
 	return []rule{
 		{"", "INPUT", concat([]string{"-p", "tcp", "-d", host, "--dport", p}, notExempt, reset)},
 		{"", "INPUT", concat([]string{"-p", "tcp", "-s", host, "--sport", p}, notExempt, reset)},
+	}
+}
+
+// resetRules reset connections to host:port made before a Slow shim
+// (those it redirects carry conntrack state DNAT, both ways; a reply of
+// the shim already has its source rewritten to host:port in INPUT).
+func resetRules(host string, port int) []rule {
+	p := strconv.Itoa(port)
+	reset := []string{"-m", "conntrack", "!", "--ctstate", "DNAT", "!", "--tcp-flags", "RST", "RST", "-j", "REJECT", "--reject-with", "tcp-reset"}
+	return []rule{
+		{"", "INPUT", concat([]string{"-p", "tcp", "-d", host, "--dport", p}, notExempt, reset)},
+		{"", "INPUT", concat([]string{"-p", "tcp", "-s", host, "--sport", p}, notExempt, reset)},
+	}
+}
+
+// lossyRules drop packets to and from host:port at random, each with
+// probability p, in INPUT only (every packet crosses it once; OUTPUT as
+// well would drop twice as many).
+func lossyRules(host string, port int, p float64) []rule {
+	pt := strconv.Itoa(port)
+	drop := []string{"-m", "statistic", "--mode", "random", "--probability", strconv.FormatFloat(p, 'f', 4, 64), "-j", "DROP"}
+	return []rule{
+		{"", "INPUT", concat([]string{"-p", "tcp", "-d", host, "--dport", pt}, notExempt, drop)},
+		{"", "INPUT", concat([]string{"-p", "tcp", "-s", host, "--sport", pt}, notExempt, drop)},
 	}
 }
 

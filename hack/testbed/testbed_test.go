@@ -397,6 +397,8 @@ func TestSmoke(t *testing.T) {
 		expectWorks(t, ctx, bed, s)
 	})
 
+	grayFaults(t, ctx, bed, s)
+
 	t.Run("add and remove", func(t *testing.T) {
 		began := time.Now()
 		added, err := bed.AddAPIServer(ctx)
