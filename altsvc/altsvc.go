@@ -61,6 +61,15 @@
 // [Cache] keeps the alternatives of up to a bounded number of origins, each
 // with an expiry of now + min(ma − Age, cap). Expiry is checked lazily on
 // [Cache.Get]; the cache starts no goroutines.
+//
+// # Learning and advertising
+//
+// A [Learner] (and its [RoundTripper]) learns alternatives from the
+// responses of one origin and hands the admitted ones to a hook; which
+// alternatives may be used ([ClientConfig.Admit]) and where they go
+// ([ClientConfig.Update]) are the caller's policy: the package imports
+// nothing of apifailover's. [NewHandler] advertises endpoints on the server
+// side.
 package altsvc
 
 import "time"

@@ -11,27 +11,30 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // ClientConfig configures the client side: what is learned from Alt-Svc
-// headers and where it goes.
+// headers and where it goes. The package keeps no endpoint policy of its
+// own: Admit decides what may be used and Update receives it.
 type ClientConfig struct {
-	// Pool receives the usable alternatives as upstream.SourceAltSvc
-	// endpoints: one selector for every source. Required.
-	Pool *upstream.Pool
 	// Origin is the origin whose responses are trusted. Required; Scheme
 	// must be "https".
 	Origin Origin
 	// Admit decides which alternatives may be used; addr is the
-	// alternative's address as upstream.ParseAddr spells it (host:port,
-	// with the origin's host when the alternative names none). Required:
+	// alternative's host:port (the origin's host when the alternative names
+	// none; an IPv6 address bracketed in RFC 5952 form, a DNS name in lower
+	// case). Required:
 	// apiserver proxy subresources pass upstream headers through, so a
 	// header alone proves nothing; the caller knows which addresses and
 	// ports belong to API servers. Admit is called for every alternative
 	// on every response that is observed, outside the Learner's lock.
 	Admit func(addr string) bool
+	// Update receives the admitted alternatives, sorted and without
+	// duplicates, each time they change (empty once none is left), for
+	// example to give them to an endpoint pool. Required. Calls are made
+	// one at a time, in order, with the Learner's lock held: Update must
+	// not call back into the Learner.
+	Update func(addrs []string)
 	// Cache holds what was learned. If nil, NewCache with defaults (entries
 	// expire after ma minus Age, at most 70s).
 	Cache *Cache
@@ -43,7 +46,7 @@ type ClientConfig struct {
 }
 
 // Learner learns alternatives from the Alt-Svc headers of responses from
-// the origin and feeds them to the pool. Only responses that arrived over
+// the origin and hands them to ClientConfig.Update. Only responses that arrived over
 // HTTP/2 with a verified TLS connection count, never a 421, and only
 // alternatives with protocol h2 that ClientConfig.Admit admits. Connections to an
 // alternative verify its certificate for the origin's name (the transport's
@@ -54,13 +57,13 @@ type Learner struct {
 	cfg ClientConfig
 
 	mu      sync.Mutex // guards applied
-	applied []string   // the alternatives last given to the pool, sorted
+	applied []string   // the alternatives last given to Update, sorted
 }
 
 // NewLearner validates cfg and returns a Learner.
 func NewLearner(cfg ClientConfig) (*Learner, error) {
-	if cfg.Pool == nil {
-		return nil, fmt.Errorf("altsvc: ClientConfig.Pool is nil")
+	if cfg.Update == nil {
+		return nil, fmt.Errorf("altsvc: ClientConfig.Update is nil: the learned alternatives would go nowhere")
 	}
 	if cfg.Admit == nil {
 		return nil, fmt.Errorf("altsvc: ClientConfig.Admit is nil: without an admission policy no alternative would be used")
@@ -157,7 +160,7 @@ func (l *Learner) learn(lines []string, age time.Duration, now time.Time) {
 	l.cfg.Cache.Update(l.cfg.Origin, now, v, age)
 }
 
-// apply gives the pool the current, allowed alternatives when they changed.
+// apply gives Update the current, admitted alternatives when they changed.
 func (l *Learner) apply(now time.Time) {
 	var addrs []string
 	for _, e := range l.cfg.Cache.Get(l.cfg.Origin, now) {
@@ -172,17 +175,12 @@ func (l *Learner) apply(now time.Time) {
 	if slices.Equal(addrs, l.applied) {
 		return
 	}
-	specs := make([]upstream.Spec, len(addrs))
-	for i, a := range addrs {
-		specs[i] = upstream.Spec{Addr: a}
-	}
-	if err := l.cfg.Pool.Set(upstream.SourceAltSvc, specs); err != nil {
-		l.cfg.Logger.V(2).Info("ignoring invalid alternatives", "err", err.Error())
-	}
+	l.cfg.Update(addrs)
 	l.applied = addrs
 }
 
-// admit returns the pool address of an h2 alternative that Admit admits.
+// admit returns the address of an h2 alternative that Admit admits. Parse
+// has canonicalized the alternative's host.
 func (l *Learner) admit(a Alternative) (string, bool) {
 	if a.Protocol != "h2" {
 		return "", false
@@ -191,10 +189,7 @@ func (l *Learner) admit(a Alternative) (string, bool) {
 	if host == "" {
 		host = l.cfg.Origin.Host
 	}
-	addr, err := upstream.ParseAddr(net.JoinHostPort(host, strconv.Itoa(a.Port)))
-	if err != nil {
-		return "", false
-	}
+	addr := net.JoinHostPort(host, strconv.Itoa(a.Port))
 	if !l.cfg.Admit(addr) {
 		l.cfg.Logger.V(2).Info("ignoring alternative the policy does not admit", "alternative", addr)
 		return "", false

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/altsvc"
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // fakeRT answers every request with the response its fields describe.
@@ -45,24 +45,39 @@ func (f *fakeRT) RoundTrip(req *http.Request) (*http.Response, error) {
 
 var apiOrigin = altsvc.Origin{Scheme: "https", Host: "10.250.0.1", Port: 6443}
 
-func altSvcAddrs(p *upstream.Pool) []string {
-	var out []string
-	for _, s := range p.Status() {
-		if s.Sources&upstream.SourceAltSvc != 0 {
-			out = append(out, s.Addr)
-		}
-	}
-	slices.Sort(out)
-	return out
+// sink records what a Learner hands to ClientConfig.Update.
+type sink struct {
+	mu    sync.Mutex
+	last  []string
+	calls int
 }
 
-func newClient(t *testing.T, f *fakeRT, mut func(*altsvc.ClientConfig)) (*altsvc.RoundTripper, *upstream.Pool, *time.Time) {
+func (s *sink) update(addrs []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.IsSorted(addrs) || len(slices.Compact(slices.Clone(addrs))) != len(addrs) {
+		panic("Update called with unsorted or duplicated addresses")
+	}
+	s.last = slices.Clone(addrs)
+	s.calls++
+}
+
+// altSvcAddrs returns the alternatives last handed to Update (nil if none).
+func altSvcAddrs(s *sink) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.last) == 0 {
+		return nil
+	}
+	return slices.Clone(s.last)
+}
+
+func newClient(t *testing.T, f *fakeRT, mut func(*altsvc.ClientConfig)) (*altsvc.RoundTripper, *sink, *time.Time) {
 	t.Helper()
-	p, err := upstream.New(upstream.Config{})
-	require.NoError(t, err)
+	p := &sink{}
 	now := time.Unix(1_700_000_000, 0)
 	cfg := altsvc.ClientConfig{
-		Pool:   p,
+		Update: p.update,
 		Origin: apiOrigin,
 		Admit:  admitCIDR(netip.MustParsePrefix("10.250.0.0/24")),
 		Now:    func() time.Time { return now },
@@ -158,16 +173,16 @@ func TestClientAdmit(t *testing.T) {
 	send(t, rt, "https://10.250.0.1:6443/")
 	assert.Equal(t, []string{"192.0.2.7:6443"}, altSvcAddrs(p), "only the admitted one is used")
 	assert.ElementsMatch(t, []string{"192.0.2.7:6443", "[2001:db8::1]:6443", "192.0.2.8:6443", "10.250.0.1:7443"}, asked,
-		"Admit sees pool addresses, with the origin's host for the shorthand")
+		"Admit sees canonical addresses, with the origin's host for the shorthand")
 }
 
 func TestNewRoundTripperValidates(t *testing.T) {
-	p, _ := upstream.New(upstream.Config{})
-	_, err := altsvc.NewRoundTripper(altsvc.ClientConfig{Origin: apiOrigin}, http.DefaultTransport)
-	assert.ErrorContains(t, err, "Pool")
-	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Pool: p, Origin: apiOrigin}, http.DefaultTransport)
+	p := &sink{}
+	_, err := altsvc.NewRoundTripper(altsvc.ClientConfig{Origin: apiOrigin, Admit: admitCIDR(netip.Prefix{})}, http.DefaultTransport)
+	assert.ErrorContains(t, err, "Update")
+	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Update: p.update, Origin: apiOrigin}, http.DefaultTransport)
 	assert.ErrorContains(t, err, "Admit")
-	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Pool: p, Origin: altsvc.Origin{Scheme: "http", Host: "a", Port: 80}, Admit: admitCIDR(netip.Prefix{})}, http.DefaultTransport)
+	_, err = altsvc.NewRoundTripper(altsvc.ClientConfig{Update: p.update, Origin: altsvc.Origin{Scheme: "http", Host: "a", Port: 80}, Admit: admitCIDR(netip.Prefix{})}, http.DefaultTransport)
 	assert.ErrorContains(t, err, "https")
 }
 

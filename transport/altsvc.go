@@ -52,7 +52,7 @@ func newAltSvcLearner(o *AltSvcOptions, u *url.URL, pool *upstream.Pool, log log
 	if len(o.AllowedCIDRs) == 0 && !o.AllowDiscovered {
 		return nil, errors.New("transport: Options.AltSvc: set AllowedCIDRs or AllowDiscovered; without an allowlist no alternative would ever be used")
 	}
-	a := &altSvcAdmitter{pool: pool, cidrs: o.AllowedCIDRs, discovered: o.AllowDiscovered}
+	a := &altSvcAdmitter{pool: pool, cidrs: o.AllowedCIDRs, discovered: o.AllowDiscovered, log: log}
 	for _, p := range o.AllowedPorts {
 		if p < 1 || p > 65535 {
 			return nil, fmt.Errorf("transport: Options.AltSvc.AllowedPorts: invalid port %d: want 1-65535", p)
@@ -64,25 +64,31 @@ func newAltSvcLearner(o *AltSvcOptions, u *url.URL, pool *upstream.Pool, log log
 		port = 443
 	}
 	return altsvc.NewLearner(altsvc.ClientConfig{
-		Pool:   pool,
 		Origin: altsvc.Origin{Scheme: u.Scheme, Host: u.Hostname(), Port: port},
 		Admit:  a.admit,
+		Update: a.update,
 		Cache:  altsvc.NewCache(altsvc.CacheConfig{MaxTTL: o.MaxTTL}),
 		Logger: log,
 	})
 }
 
 // altSvcAdmitter is the Alt-Svc allowlist: an alternative needs an allowed
-// address (in a CIDR, or discovered) and a port API servers use.
+// address (in a CIDR, or discovered) and a port API servers use. What it
+// admits becomes the pool's SourceAltSvc endpoints.
 type altSvcAdmitter struct {
 	pool       *upstream.Pool
 	cidrs      []netip.Prefix
 	discovered bool
 	ports      []int // AllowedPorts
+	log        logr.Logger
 }
 
-// admit implements altsvc.ClientConfig.Admit; addr is a pool address.
-func (a *altSvcAdmitter) admit(addr string) bool {
+// admit implements altsvc.ClientConfig.Admit.
+func (a *altSvcAdmitter) admit(alt string) bool {
+	addr, err := upstream.ParseAddr(alt) // the pool's spelling (IPv4-mapped unmapped)
+	if err != nil {
+		return false
+	}
 	if a.discovered && a.pool.Sources(addr)&upstream.SourceDiscovery != 0 {
 		return true // the address and its port come from the EndpointSlice
 	}
@@ -97,6 +103,18 @@ func (a *altSvcAdmitter) admit(addr string) bool {
 		}
 	}
 	return false
+}
+
+// update implements altsvc.ClientConfig.Update: the admitted alternatives
+// are the pool's SourceAltSvc endpoints.
+func (a *altSvcAdmitter) update(alts []string) {
+	specs := make([]upstream.Spec, len(alts))
+	for i, alt := range alts {
+		specs[i] = upstream.Spec{Addr: alt}
+	}
+	if err := a.pool.Set(upstream.SourceAltSvc, specs); err != nil {
+		a.log.V(2).Info("ignoring invalid alternatives", "err", err.Error())
+	}
 }
 
 // knownPort reports whether port is in AllowedPorts or is the port of an
