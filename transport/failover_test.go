@@ -96,38 +96,58 @@ func serving(t *testing.T, c *cluster, f *transport.Failover) *server {
 	return nil
 }
 
+// hourTimers makes every timer a request could wait on an hour long: the
+// probe round (after the first), the stagger before the next candidate, a
+// connection attempt, the holdoff. A request that still succeeds within the
+// test's deadline did not wait on any of them: it moved on a connection
+// error or a lost HTTP/2 ping.
+func hourTimers(o transport.Options) transport.Options {
+	o.ProbeInterval = time.Hour
+	o.ProbeTimeout = 10 * time.Second // the first round must still finish
+	o.StaggerDelay = time.Hour
+	o.AttemptTimeout = time.Hour
+	o.DialTimeout = time.Hour
+	return o
+}
+
+// Failover after a closed server is immediate: driven by the refused
+// connection, not by probes or timers (see hourTimers). How fast it is on
+// real apiservers is measured by make bench and the e2e suite.
 func TestFailoverWhenServingServerCloses(t *testing.T) {
 	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{})
+	f := wrap(t, c, hourTimers(transport.Options{}))
 	victim := serving(t, c, f)
 	victim.kill()
 
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	start := time.Now()
-	name, err := get(t, f, "/api")
-	elapsed := time.Since(start)
+	name, err := getCtx(ctx, t, f, "/api")
 	require.NoError(t, err)
 	assert.NotEqual(t, victim.name, name)
-	t.Logf("request after the serving server closed answered by %s in %v", name, elapsed)
-	assert.Less(t, elapsed, 100*time.Millisecond, "failover after a closed server must be immediate")
+	t.Logf("request after the serving server closed answered by %s in %v", name, time.Since(start))
 	// Later requests stay on the survivor.
 	for range 5 {
 		assert.Equal(t, name, mustGet(t, f, "/api"))
 	}
 }
 
+// A request sent as its server hangs moves on when the connection's HTTP/2
+// ping goes unanswered (1s + 1s), not when a probe notices (probes and
+// every other timer are an hour away, see hourTimers).
 func TestFailoverWhenServingServerHangs(t *testing.T) {
 	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{})
+	f := wrap(t, c, hourTimers(transport.Options{PingInterval: time.Second, PingTimeout: time.Second}))
 	victim := serving(t, c, f)
 	victim.ln.freeze()
 
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	start := time.Now()
-	name, err := get(t, f, "/api")
-	elapsed := time.Since(start)
+	name, err := getCtx(ctx, t, f, "/api")
 	require.NoError(t, err)
 	assert.NotEqual(t, victim.name, name)
-	t.Logf("request sent as the serving server hung answered by %s in %v", name, elapsed)
-	assert.Less(t, elapsed, 3*time.Second)
+	t.Logf("request sent as the serving server hung answered by %s in %v", name, time.Since(start))
 
 	// New requests do not wait for the hung server.
 	start = time.Now()
@@ -135,14 +155,15 @@ func TestFailoverWhenServingServerHangs(t *testing.T) {
 		assert.NotEqual(t, victim.name, mustGet(t, f, "/api"))
 	}
 	t.Logf("5 more requests in %v", time.Since(start))
-	require.Eventually(t, func() bool {
-		for _, s := range f.Pool().Status() {
-			if s.Addr == victim.addr {
-				return s.State == upstream.StateUnhealthy
-			}
+	// The lost connection ranked it out at once, no probe needed (probes
+	// failing on a hung server: TestProbeTimeoutAfterHandshakeIsReadyzError;
+	// failed probes making it unhealthy: upstream TestRunStateMachine).
+	assert.NotEqual(t, victim.addr, f.Pool().Candidates()[0])
+	for _, s := range f.Pool().Status() {
+		if s.Addr == victim.addr {
+			assert.True(t, s.Suspect || s.State == upstream.StateUnhealthy, "hung server: %+v", s)
 		}
-		return false
-	}, 5*time.Second, 10*time.Millisecond)
+	}
 }
 
 func TestPOSTNotReplayedWhenServerDiesAfterReceivingIt(t *testing.T) {
