@@ -98,7 +98,7 @@ func serving(t *testing.T, c *cluster, f *transport.Failover) *server {
 
 // hourTimers makes every timer a request could wait on an hour long: the
 // probe round (after the first), the stagger before the next candidate, a
-// connection attempt, the holdoff. A request that still succeeds within the
+// connection attempt, a whole dial. A request that still succeeds within the
 // test's deadline did not wait on any of them: it moved on a connection
 // error or a lost HTTP/2 ping.
 func hourTimers(o transport.Options) transport.Options {
