@@ -2,25 +2,46 @@ package transport_test
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/apifailover/apifailover/transport"
 )
 
 // The one-line use: wrap the rest.Config, build clients from the result.
+// A stand-in API server (httptest, HTTP/2 over TLS) plays the cluster here;
+// with a real one, cfg comes from a kubeconfig or rest.InClusterConfig.
 func ExampleWrap() {
-	ctx := context.Background()
-	cfg, err := clientcmd.BuildConfigFromFlags("", "/etc/kubernetes/admin.conf")
-	if err != nil {
-		log.Print(err)
-		return
+	api := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/readyz":
+			fmt.Fprint(w, "ok")
+		case "/api/v1/namespaces/default":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"default"}}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	api.EnableHTTP2 = true
+	api.StartTLS()
+	defer api.Close()
+	cfg := &rest.Config{
+		Host:            api.URL,
+		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})},
 	}
-	f, err := transport.Wrap(ctx, cfg, transport.Options{})
+
+	ctx := context.Background()
+	f, err := transport.Wrap(ctx, cfg, transport.Options{
+		DisableDiscovery: true, // the stand-in has no EndpointSlices
+	})
 	if err != nil {
 		log.Print(err)
 		return
@@ -31,7 +52,14 @@ func ExampleWrap() {
 		log.Print(err)
 		return
 	}
-	_ = client // list, watch, informers: every request fails over
+	// List, watch, informers: every request fails over between servers.
+	ns, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	fmt.Println(ns.Name)
+	// Output: default
 }
 
 // Wrap needs https and validates the extra endpoints.
