@@ -1,6 +1,6 @@
 //lint:file-ignore SA1019 the v1 Endpoints fallback for node identities is what these tests exercise.
 
-package transport_test
+package endpoint_test
 
 import (
 	"context"
