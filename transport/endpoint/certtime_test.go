@@ -1,4 +1,4 @@
-package transport_test
+package endpoint_test
 
 import (
 	"context"
