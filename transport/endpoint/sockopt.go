@@ -1,6 +1,8 @@
 package endpoint
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -10,28 +12,31 @@ import (
 // from a client: keepAlive > 0 enables keepalive with that idle time and
 // probe interval (3 probes), otherwise keepalive is off; userTimeout > 0
 // sets TCP_USER_TIMEOUT (Linux; elsewhere nothing), otherwise the system
-// default stays. Connections that are not TCP are left alone. A failure
-// leaves the connection working with the system defaults.
+// default stays. Connections that are not TCP are left alone. Both are
+// tried; a failure leaves the connection working with the system
+// defaults.
 func TuneTCP(nc net.Conn, keepAlive, userTimeout time.Duration) error {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		return nil
 	}
-	var err error
+	var kerr, uerr error
 	if keepAlive > 0 {
-		err = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
+		kerr = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
 	} else {
-		err = tc.SetKeepAlive(false)
+		kerr = tc.SetKeepAlive(false)
 	}
-	if err != nil {
-		return err
+	if kerr != nil {
+		kerr = fmt.Errorf("keepalive: %w", kerr)
 	}
 	if userTimeout > 0 {
 		rc, err := tc.SyscallConn()
-		if err != nil {
-			return err
+		if err == nil {
+			err = setUserTimeout(rc, userTimeout)
 		}
-		return setUserTimeout(rc, userTimeout)
+		if err != nil {
+			uerr = fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
+		}
 	}
-	return nil
+	return errors.Join(kerr, uerr)
 }
