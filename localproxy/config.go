@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/rest"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -32,7 +32,7 @@ const (
 	DefaultMaxConnections  = 10000
 	DefaultDiscoveryPoll   = 10 * time.Second
 	// DefaultKeepAlive and DefaultUserTimeout apply to client connections;
-	// upstream connections use the transport.Dialer defaults.
+	// upstream connections use the endpoint.Dialer defaults.
 	DefaultKeepAlive = 5 * time.Second
 	// GracefulDrainTimeout bounds how long connections to an endpoint that
 	// fails /readyz but still answers stay open.
@@ -133,7 +133,7 @@ type Config struct {
 	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
 	// addresses to upstreams, for endpoints behind a shared proxy that
 	// routes by SNI and requires the header. Health probes of a
-	// *transport.Prober without a DialContext of its own then send the
+	// *endpoint.Prober without a DialContext of its own then send the
 	// LOCAL header (see ProbeDialer), so those endpoints accept them too.
 	ProxyProtocol ProxyProtocol
 
@@ -143,7 +143,7 @@ type Config struct {
 	// UserTimeout is TCP_USER_TIMEOUT of client connections (Linux). If
 	// zero, DefaultUserTimeout (10s). If negative, the system default.
 	UserTimeout time.Duration
-	// Upstream connections: see transport.Dialer for these fields and their
+	// Upstream connections: see endpoint.Dialer for these fields and their
 	// defaults (250ms, 2s, 10s, 5s, 10s).
 	StaggerDelay, AttemptTimeout, DialTimeout time.Duration
 	UpstreamKeepAlive, UpstreamUserTimeout    time.Duration
@@ -186,11 +186,11 @@ func (c *Config) setDefaults() error {
 	if c.DiscoveryPollInterval == 0 {
 		c.DiscoveryPollInterval = DefaultDiscoveryPoll
 	}
-	c.ShutdownTimeout = orDefault(c.ShutdownTimeout, DefaultShutdownTimeout)
-	c.IdleTimeout = orDefault(c.IdleTimeout, DefaultIdleTimeout)
-	c.HalfOpenTimeout = orDefault(c.HalfOpenTimeout, DefaultHalfOpenTimeout)
-	c.KeepAlive = orDefault(c.KeepAlive, DefaultKeepAlive)
-	c.UserTimeout = orDefault(c.UserTimeout, DefaultUserTimeout)
+	c.ShutdownTimeout = endpoint.OrDefault(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.IdleTimeout = endpoint.OrDefault(c.IdleTimeout, DefaultIdleTimeout)
+	c.HalfOpenTimeout = endpoint.OrDefault(c.HalfOpenTimeout, DefaultHalfOpenTimeout)
+	c.KeepAlive = endpoint.OrDefault(c.KeepAlive, DefaultKeepAlive)
+	c.UserTimeout = endpoint.OrDefault(c.UserTimeout, DefaultUserTimeout)
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
@@ -202,7 +202,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("localproxy: %w", err)
 	}
 	c.ProxyProtocol = pp
-	if pr, ok := c.Pool.Prober.(*transport.Prober); ok && c.ProxyProtocol != ProxyProtocolNone && pr.DialContext == nil {
+	if pr, ok := c.Pool.Prober.(*endpoint.Prober); ok && c.ProxyProtocol != ProxyProtocolNone && pr.DialContext == nil {
 		dial, err := ProbeDialer(c.ProxyProtocol)
 		if err != nil {
 			return fmt.Errorf("localproxy: %w", err)
@@ -214,11 +214,4 @@ func (c *Config) setDefaults() error {
 		c.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return nil
-}
-
-func orDefault(v, def time.Duration) time.Duration {
-	if v == 0 {
-		return def
-	}
-	return v
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // copyChunk is how much one splice call may move before the byte counters
@@ -24,7 +24,7 @@ type conn struct {
 	client net.Conn
 	// Set once dialed, before the conn is registered per upstream.
 	addr string
-	up   *transport.TrackedConn
+	up   *endpoint.TrackedConn
 	// upRaw is up's underlying connection: copying between two
 	// *net.TCPConn takes the kernel splice path. Closing goes through up so
 	// the dialer and the pool stop counting it.
@@ -45,7 +45,7 @@ type conn struct {
 
 // attach sets c's upstream. It returns false, closing tc, when c was closed
 // during the dial.
-func (c *conn) attach(addr string, tc *transport.TrackedConn) bool {
+func (c *conn) attach(addr string, tc *endpoint.TrackedConn) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -88,7 +88,7 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if len(cands) > 0 && addr != cands[0] {
 		p.m.failovers.WithLabelValues("dial").Inc()
 	}
-	tc, ok := up.(*transport.TrackedConn)
+	tc, ok := up.(*endpoint.TrackedConn)
 	if !ok { // the dialer has no TLSConfig, so this does not happen
 		up.Close()
 		return
@@ -104,7 +104,7 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
 		if err == nil {
-			err = writeHeader(c.upRaw, hdr, time.Now().Add(orDefault(p.cfg.AttemptTimeout, transport.DefaultAttemptTimeout)))
+			err = writeHeader(c.upRaw, hdr, time.Now().Add(endpoint.OrDefault(p.cfg.AttemptTimeout, endpoint.DefaultAttemptTimeout)))
 		}
 		if err != nil {
 			p.log.Info("sending the PROXY protocol header failed", "endpoint", addr, "err", err.Error())
@@ -237,22 +237,7 @@ func (c *conn) close() {
 // connection. Failures leave the connection working with the system
 // defaults, so they are only logged.
 func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration, log logr.Logger) {
-	tc, ok := nc.(*net.TCPConn)
-	if !ok {
-		return
-	}
-	var err error
-	if keepAlive > 0 {
-		err = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
-	} else {
-		err = tc.SetKeepAlive(false)
-	}
-	if err != nil {
-		log.V(2).Info("setting keepalive on a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
-	}
-	if userTimeout > 0 {
-		if err := setUserTimeout(tc, userTimeout); err != nil {
-			log.V(2).Info("setting TCP_USER_TIMEOUT on a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
-		}
+	if err := endpoint.TuneTCP(nc, keepAlive, userTimeout); err != nil {
+		log.V(2).Info("tuning a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -35,11 +35,11 @@ var ErrInsecureDiscovery = errors.New("localproxy: the discovery configuration i
 	"discovery would send the credentials to endpoints whose certificates are not verified; " +
 	"set the cluster CA (certificate-authority in the kubeconfig, or TLSClientConfig.CAFile or CAData)")
 
-// newDiscovery returns the shared transport.Discoverer for the pool, with a
+// newDiscovery returns the shared endpoint.Discoverer for the pool, with a
 // client for cfg (which goes through this proxy). Once discovery finds
 // endpoints, the state file's endpoints are dropped: discovery knows better.
 // It refuses an Insecure cfg.
-func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*transport.Discoverer, error) {
+func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*endpoint.Discoverer, error) {
 	if cfg.Insecure {
 		return nil, ErrInsecureDiscovery
 	}
@@ -47,7 +47,7 @@ func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: discovery client: %w", err)
 	}
-	return transport.NewDiscoverer(cs, pool, transport.DiscovererOptions{
+	return endpoint.NewDiscoverer(cs, pool, endpoint.DiscovererOptions{
 		PollInterval: poll,
 		Logger:       log,
 		OnUpdate: func(specs []upstream.Spec) {

@@ -10,7 +10,7 @@ type CopyEnds struct {
 	// Client is the accepted client connection.
 	Client net.Conn
 	// Upstream is the upstream's underlying connection (not the
-	// transport.TrackedConn around it).
+	// endpoint.TrackedConn around it).
 	Upstream net.Conn
 }
 

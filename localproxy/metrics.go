@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -20,11 +20,11 @@ type metrics struct {
 	failovers    *prometheus.CounterVec
 	closed       *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
-	endpoints    *transport.EndpointSeries // of dials and dialDuration
+	endpoints    *endpoint.EndpointSeries // of dials and dialDuration
 }
 
 // newMetrics registers the proxy's collectors and the pool's endpoint
-// gauges (transport.NewPoolCollector) on reg.
+// gauges (endpoint.NewPoolCollector) on reg.
 func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error) {
 	const ns, sub = "apifailover", "localproxy"
 	m := &metrics{
@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 		dialDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "dial_duration_seconds",
 			Help:    "Duration of connection attempts to API server endpoints, by endpoint and result.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+			Buckets: endpoint.DialBuckets,
 		}, []string{"endpoint", "result"}),
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "failovers_total",
@@ -66,17 +66,17 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Help: "Bytes proxied, by direction: in (client to API server), out (API server to client). Counted every 256 KiB and at the end of a connection.",
 		}, []string{"direction"}),
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, transport.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	// The subscription lives as long as the pool: both belong to one Proxy.
-	m.endpoints = transport.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec)
+	m.endpoints = endpoint.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec)
 	return m, nil
 }
 
-// observeDial is the transport.Dialer OnDial hook.
+// observeDial is the endpoint.Dialer OnDial hook.
 func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 	result := "ok"
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -34,10 +34,10 @@ type Proxy struct {
 	cfg    Config
 	log    logr.Logger
 	pool   *upstream.Pool
-	dialer *transport.Dialer
+	dialer *endpoint.Dialer
 	// hold closes new clients at once, without dialing, for a moment after
 	// every endpoint refused.
-	hold transport.Holdoff
+	hold endpoint.Holdoff
 	m    *metrics
 
 	ready   chan struct{} // closed once the listeners are bound
@@ -106,7 +106,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: registering metrics: %w", err)
 	}
-	p.dialer = &transport.Dialer{
+	p.dialer = &endpoint.Dialer{
 		Pool:           pool,
 		StaggerDelay:   cfg.StaggerDelay,
 		AttemptTimeout: cfg.AttemptTimeout,
@@ -159,7 +159,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	defer cancel()
 	unsubscribe := p.pool.Subscribe(p.onEvent)
 	defer unsubscribe()
-	if pr, ok := p.pool.Config().Prober.(*transport.Prober); ok {
+	if pr, ok := p.pool.Config().Prober.(*endpoint.Prober); ok {
 		// A new CA (--ca-file rotated) may verify what the old one did not.
 		defer pr.OnCAChange(p.pool.ResetQuarantine)()
 	}
@@ -444,7 +444,7 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	reason := "endpoint_" + ev.Kind.String()
 	p.m.failovers.WithLabelValues(reason).Add(float64(len(cs)))
 	d := p.cfg.DrainTimeout
-	if transport.Graceful(ev) {
+	if endpoint.Graceful(ev) {
 		// The server still answers: it is leaving gracefully, finishes the
 		// requests on these connections and closes them itself. Cutting
 		// them would lose a request in flight that the client cannot

@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -472,7 +472,7 @@ func TestDialsHeldOffWhileEveryEndpointRefuses(t *testing.T) {
 	begin := time.Now()
 	clients := 0
 	// Enough clients to tell a holdoff from none, however slow the machine.
-	for time.Since(begin) < 3*transport.DefaultHoldoff || clients < 30 {
+	for time.Since(begin) < 3*endpoint.DefaultHoldoff || clients < 30 {
 		c := dial(t, r.addr())
 		require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, time.Millisecond, "a client with no endpoint to go to is closed")
 		clients++
@@ -481,7 +481,7 @@ func TestDialsHeldOffWhileEveryEndpointRefuses(t *testing.T) {
 	rounds := dials() / float64(len(dead))
 	held := metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "holdoff")
 	t.Logf("%d clients in %v: %.1f rounds of dials, %.0f closed without dialing", clients, elapsed, rounds, held)
-	assert.LessOrEqual(t, rounds, float64(elapsed/transport.DefaultHoldoff)+2, "dials must not follow the client connection rate")
+	assert.LessOrEqual(t, rounds, float64(elapsed/endpoint.DefaultHoldoff)+2, "dials must not follow the client connection rate")
 	assert.Greater(t, float64(clients), 3*rounds, "too few clients to tell a holdoff from none")
 	assert.Equal(t, float64(clients), held+metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "no_endpoint"))
 }
@@ -515,7 +515,7 @@ func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Pool().Status()[0].State == upstream.StateHealthy }, 5*time.Second, time.Millisecond)
 	require.NoError(t, roundTrip(dial(t, r.addr()), "back"))
 	since := time.Since(failedAt)
-	assert.Less(t, since, transport.DefaultHoldoff, "the client came after the holdoff: nothing was tested")
+	assert.Less(t, since, endpoint.DefaultHoldoff, "the client came after the holdoff: nothing was tested")
 }
 
 func TestRestartRebindsAtOnce(t *testing.T) {

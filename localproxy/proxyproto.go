@@ -67,10 +67,10 @@ func localHeader(v ProxyProtocol) ([]byte, error) {
 }
 
 // ProbeDialer returns a dial function for health probes (see
-// transport.Prober.DialContext) that sends v's LOCAL header on each new
+// endpoint.Prober.DialContext) that sends v's LOCAL header on each new
 // connection, so that endpoints behind a proxy requiring the PROXY
 // protocol accept probes as they accept proxied clients. New uses it for
-// a *transport.Prober when Config.ProxyProtocol is set.
+// a *endpoint.Prober when Config.ProxyProtocol is set.
 func ProbeDialer(v ProxyProtocol) (func(ctx context.Context, network, address string) (net.Conn, error), error) {
 	hdr, err := localHeader(v)
 	if err != nil {

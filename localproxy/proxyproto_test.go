@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -184,7 +184,7 @@ func TestProxyProtocolProbes(t *testing.T) {
 				Endpoints:     []string{hl.Addr().String()},
 				ProxyProtocol: v,
 				Pool: upstream.Config{
-					Prober:   &transport.Prober{Mode: transport.ProbeReadyz, TLSConfig: tlsCfg, Host: "example.com"},
+					Prober:   &endpoint.Prober{Mode: endpoint.ProbeReadyz, TLSConfig: tlsCfg, Host: "example.com"},
 					Interval: time.Second, Timeout: 900 * time.Millisecond, Rise: 1, Fall: 1,
 				},
 			})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -33,7 +34,7 @@ var errClosed = errors.New("transport: failover transport closed")
 // requests are done.
 type connPool struct {
 	pool   *upstream.Pool
-	dialer *Dialer
+	dialer *endpoint.Dialer
 	// t creates connections (NewClientConn) with our dialer and its TLS,
 	// HTTP/2 and keepalive settings. It never pools connections itself.
 	t      *http.Transport
@@ -55,7 +56,7 @@ type connPool struct {
 	goneAt map[string]uint64
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
-	hold Holdoff
+	hold endpoint.Holdoff
 }
 
 // clientConn is one connection to one endpoint.
@@ -96,7 +97,7 @@ type dialPlan struct {
 	conn       net.Conn
 }
 
-func newConnPool(ctx context.Context, pool *upstream.Pool, d *Dialer, t *http.Transport, origin string, log logr.Logger, m *metrics) *connPool {
+func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t *http.Transport, origin string, log logr.Logger, m *metrics) *connPool {
 	p := &connPool{
 		pool:    pool,
 		dialer:  d,
@@ -148,7 +149,7 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			cands = kept
 		}
 		if len(cands) == 0 {
-			return nil, fmt.Errorf("%w: every endpoint was tried", ErrNoEndpoint)
+			return nil, fmt.Errorf("%w: every endpoint was tried", endpoint.ErrNoEndpoint)
 		}
 		first := cands[0]
 		if c := p.reserve(first); c != nil {
@@ -252,7 +253,7 @@ func closeAll(cs []*clientConn) {
 
 // dial opens a connection to the first answering candidate and adds it to
 // the pool. all says whether cands is every endpoint of the pool; round
-// is the holdoff round it belongs to (Holdoff.Round).
+// is the holdoff round it belongs to (endpoint.Holdoff.Round).
 func (p *connPool) dial(first string, cands []string, all bool, round uint64, call *dialCall) {
 	plan := &dialPlan{candidates: cands}
 	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
@@ -408,21 +409,6 @@ func (p *connPool) retire(which func(addr string) bool) []*clientConn {
 	return busy
 }
 
-// Graceful reports whether an EventDown or EventRemoved is for a server that
-// still answers, so that its connections should be drained rather than cut:
-// it failed /readyz with an answer (or none in time after the TLS
-// handshake: see ReadyzError), or it left its source while healthy
-// (an apiserver leaves the EndpointSlice as its graceful shutdown begins).
-func Graceful(ev upstream.Event) bool {
-	switch ev.Kind {
-	case upstream.EventDown:
-		return IsReadyzError(ev.Err)
-	case upstream.EventRemoved:
-		return ev.State == upstream.StateHealthy
-	}
-	return false
-}
-
 // gracefulDrain bounds how long requests may go on on the connections to an
 // endpoint that fails /readyz but still answers (a graceful shutdown: the
 // server finishes them and closes the connections itself).
@@ -524,7 +510,7 @@ func (p *connPool) onEvent(ev upstream.Event) {
 			p.goneAt[ev.Addr] = p.gen
 		}
 		p.mu.Unlock()
-		if Graceful(ev) {
+		if endpoint.Graceful(ev) {
 			// The server still answers, typically shutting down
 			// gracefully: no new requests go there, running ones finish
 			// (a POST cut here could not be retried).

@@ -12,4 +12,4 @@ func SetGracefulDrain(d time.Duration) (restore func()) {
 
 // CheckTLSFiles checks f's CA and client certificate files now, as its
 // timer does every Options.TLSReloadInterval.
-func CheckTLSFiles(f *Failover) { f.tls.checkNow() }
+func CheckTLSFiles(f *Failover) { f.tls.CheckNow() }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -105,15 +106,15 @@ func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 	before := dialAttempts(t, reg)
 	start := time.Now()
 	requests := 0
-	for time.Since(start) < 3*transport.DefaultHoldoff {
+	for time.Since(start) < 3*endpoint.DefaultHoldoff {
 		_, err := get(t, f, "/api")
-		require.ErrorIs(t, err, transport.ErrNoEndpoint)
+		require.ErrorIs(t, err, endpoint.ErrNoEndpoint)
 		requests++
 	}
 	elapsed := time.Since(start)
 	rounds := float64(dialAttempts(t, reg)-before) / float64(len(c.servers))
 	t.Logf("%d requests in %v, %.1f rounds of connection attempts", requests, elapsed, rounds)
-	assert.LessOrEqual(t, rounds, float64(elapsed/transport.DefaultHoldoff)+2, "connection attempts must not follow the request rate")
+	assert.LessOrEqual(t, rounds, float64(elapsed/endpoint.DefaultHoldoff)+2, "connection attempts must not follow the request rate")
 	assert.Greater(t, float64(requests), 3*rounds)
 }
 
@@ -138,7 +139,7 @@ func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	_, err := get(t, f, "/api")
 	since := time.Since(failedAt)
 	require.NoError(t, err, "request %v after the last failure, the endpoint being healthy again", since)
-	assert.Less(t, since, transport.DefaultHoldoff, "the request came after the holdoff: nothing was tested")
+	assert.Less(t, since, endpoint.DefaultHoldoff, "the request came after the holdoff: nothing was tested")
 }
 
 // restartAt serves again on addr, like a restarted API server.

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -19,7 +20,7 @@ import (
 // race, must be demoted so that later requests stop dialing it first.
 func TestRequestServedByDialRaceWinner(t *testing.T) {
 	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{Probe: transport.ProbeTCP})
+	f := wrap(t, c, transport.Options{Probe: endpoint.ProbeTCP})
 	first := f.Pool().Candidates()[0]
 	var slow *server
 	for _, s := range c.servers {
@@ -54,7 +55,7 @@ func TestRequestServedByDialRaceWinner(t *testing.T) {
 // never drain this one.
 func TestDialCompletingAfterEndpointRemovedIsDiscarded(t *testing.T) {
 	c := newCluster(t, 2)
-	f := wrap(t, c, transport.Options{Probe: transport.ProbeTCP, StaggerDelay: time.Minute})
+	f := wrap(t, c, transport.Options{Probe: endpoint.ProbeTCP, StaggerDelay: time.Minute})
 	first := f.Pool().Candidates()[0]
 	var slow *server
 	for _, s := range c.servers {

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -324,7 +325,7 @@ func TestProbeClientCertificateRotation(t *testing.T) {
 	require.NoError(t, os.WriteFile(keyFile, keyPEM, 0o600))
 	require.NoError(t, os.WriteFile(caFile, ca.pem, 0o600))
 
-	base := &transport.Prober{TLSConfig: &tls.Config{ServerName: originName}, Host: originName, TLSReloadInterval: time.Nanosecond}
+	base := &endpoint.Prober{TLSConfig: &tls.Config{ServerName: originName}, Host: originName, TLSReloadInterval: time.Nanosecond}
 	p, err := base.WithCAFile(caFile)
 	require.NoError(t, err)
 	p, err = p.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CertFile: certFile, KeyFile: keyFile}})

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -132,7 +133,7 @@ func rawFirst(t *testing.T, c *cluster, raw *rawH2) *transport.Failover {
 	f, err := transport.Wrap(t.Context(), cfg, transport.Options{
 		Endpoints:        []string{good.addr},
 		DisableDiscovery: true,
-		Probe:            transport.ProbeTLS,
+		Probe:            endpoint.ProbeTLS,
 		Rise:             1000,
 	})
 	require.NoError(t, err)

@@ -15,9 +15,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
-	clienttransport "k8s.io/client-go/transport"
 
 	"github.com/apifailover/apifailover/altsvc"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -25,7 +25,7 @@ import (
 const (
 	DefaultPingInterval          = time.Second
 	DefaultPingTimeout           = time.Second
-	DefaultDiscoveryPollInterval = 10 * time.Second
+	DefaultDiscoveryPollInterval = endpoint.DefaultDiscoveryPollInterval
 )
 
 // Options configures Wrap. The zero value is a sound default: discovery on,
@@ -45,8 +45,8 @@ type Options struct {
 	// If zero, DefaultDiscoveryPollInterval (10s).
 	DiscoveryPollInterval time.Duration
 
-	// Probe selects the active health check. If empty, ProbeReadyz.
-	Probe ProbeMode
+	// Probe selects the active health check. If empty, endpoint.ProbeReadyz.
+	Probe endpoint.ProbeMode
 	// ProbeInterval between probe rounds. If zero, 1s.
 	ProbeInterval time.Duration
 	// ProbeTimeout for one probe. If zero, 1s (at most ProbeInterval).
@@ -84,7 +84,7 @@ type Options struct {
 	// retires every connection (no new requests, closed once their running
 	// requests are done) so that requests move to connections presenting
 	// it. Files given as data (CAData, CertData, KeyData) do not change.
-	// If zero, DefaultTLSReloadInterval (10s).
+	// If zero, endpoint.DefaultTLSReloadInterval (10s).
 	TLSReloadInterval time.Duration
 
 	// AltSvc, if set, also learns API servers from Alt-Svc response
@@ -102,8 +102,8 @@ type Options struct {
 // servers. Build clients from Config and HTTPClient; call Close when done.
 type Failover struct {
 	pool    *upstream.Pool
-	dialer  *Dialer
-	tls     *tlsFiles // nil if no TLS file may rotate
+	dialer  *endpoint.Dialer
+	tls     *endpoint.TLSFiles // nil if no TLS file may rotate
 	conns   *connPool
 	config  *rest.Config
 	client  *http.Client
@@ -157,7 +157,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		}
 		statics = append(statics, upstream.Spec{Addr: addr})
 	}
-	mode, err := ParseProbeMode(string(opts.Probe))
+	mode, err := endpoint.ParseProbeMode(string(opts.Probe))
 	if err != nil {
 		return nil, fmt.Errorf("transport: Options.Probe: %w", err)
 	}
@@ -178,14 +178,14 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	}
 	// client-go reloads CA and certificate files in its own dialer and
 	// transport, which ours replace: follow the files here.
-	files, err := newTLSFiles(cfg.CAFile, cfg.CAData, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, opts.TLSReloadInterval, opts.Logger)
+	files, err := endpoint.NewTLSFiles(cfg.CAFile, cfg.CAData, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, opts.TLSReloadInterval, opts.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("transport: TLS configuration: %w", err)
 	}
-	files.apply(tlsCfg)
+	files.Apply(tlsCfg)
 
 	f := &Failover{origin: origin, tls: files}
-	prober := &Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: bearer(cfg), files: files}
+	prober := (&endpoint.Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: endpoint.Bearer(cfg)}).WithTLSFiles(files)
 	f.pool, err = upstream.New(upstream.Config{
 		Prober:   prober,
 		Interval: opts.ProbeInterval,
@@ -205,7 +205,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	if err != nil {
 		return nil, fmt.Errorf("transport: registering metrics: %w", err)
 	}
-	f.dialer = &Dialer{
+	f.dialer = &endpoint.Dialer{
 		Pool:           f.pool,
 		TLSConfig:      tlsCfg.Clone(),
 		StaggerDelay:   opts.StaggerDelay,
@@ -214,15 +214,15 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		OnDial:         m.observeDial,
 		Logger:         opts.Logger,
 	}
-	if files != nil && files.ca != nil {
+	if files.HasCA() {
 		dialTLS := tlsCfg.Clone()
-		f.dialer.GetTLSConfig = func() *tls.Config { return files.config(dialTLS) }
+		f.dialer.GetTLSConfig = func() *tls.Config { return files.Config(dialTLS) }
 	}
 
 	f.proxied = proxied(cfg, u)
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
-	ht := newHTTPTransport(tlsCfg.Clone(), orDefault(opts.PingInterval, DefaultPingInterval), orDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
+	ht := newHTTPTransport(tlsCfg.Clone(), endpoint.OrDefault(opts.PingInterval, DefaultPingInterval), endpoint.OrDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
 	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.Logger, m)
 	unsubscribe := f.pool.Subscribe(f.conns.onEvent)
 
@@ -272,7 +272,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		f.pool.Run(runCtx)
 	}()
 	if !opts.DisableDiscovery && !f.proxied {
-		d, err := newDiscoverer(f.config, f.client, f.pool, orDefault(opts.DiscoveryPollInterval, DefaultDiscoveryPollInterval), opts.Logger)
+		d, err := newDiscoverer(f.config, f.client, f.pool, endpoint.OrDefault(opts.DiscoveryPollInterval, DefaultDiscoveryPollInterval), opts.Logger)
 		if err != nil {
 			f.Close()
 			return nil, err
@@ -284,8 +284,8 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		}()
 	}
 	if files != nil {
-		w := newTLSReactor(files, f.pool, f.conns, orDefault(opts.TLSReloadInterval, DefaultTLSReloadInterval),
-			orDefault(opts.DialTimeout, DefaultDialTimeout), opts.Logger)
+		w := newTLSReactor(files, f.pool, f.conns, endpoint.OrDefault(opts.TLSReloadInterval, endpoint.DefaultTLSReloadInterval),
+			endpoint.OrDefault(opts.DialTimeout, endpoint.DefaultDialTimeout), opts.Logger)
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
@@ -309,7 +309,7 @@ func (f *Failover) Pool() *upstream.Pool { return f.pool }
 
 // Dialer returns the failover dialer (for rest.Config.Dial and other raw
 // uses); connections it makes are closed when their endpoint goes down.
-func (f *Failover) Dialer() *Dialer { return f.dialer }
+func (f *Failover) Dialer() *endpoint.Dialer { return f.dialer }
 
 // Origin returns the origin host:port all requests are addressed to.
 func (f *Failover) Origin() string { return f.origin }
@@ -344,32 +344,6 @@ func proxied(cfg *rest.Config, u *url.URL) bool {
 	}
 	p, err := proxy(&http.Request{URL: u, Header: http.Header{}})
 	return err == nil && p != nil
-}
-
-// bearer returns the Authorization header source for probes, if cfg has a
-// bearer token.
-func bearer(cfg *rest.Config) func() string {
-	static := ""
-	if cfg.BearerToken != "" {
-		static = "Bearer " + cfg.BearerToken
-	}
-	if cfg.BearerTokenFile != "" {
-		// A kubeconfig's tokenFile sets both: the file wins, re-read as it
-		// rotates (as client-go's own requests do); BearerToken is what was
-		// in it at start, used only while the file cannot be read.
-		ts := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
-		return func() string {
-			t, err := ts.Token()
-			if err != nil {
-				return static
-			}
-			return "Bearer " + t.AccessToken
-		}
-	}
-	if static != "" {
-		return func() string { return static }
-	}
-	return nil
 }
 
 // canonicalHostPort adds the default port and normalizes IP addresses the

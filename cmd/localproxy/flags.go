@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -312,7 +312,7 @@ func (o *options) config() (localproxy.Config, error) {
 	}
 
 	// Probes.
-	mode, err := transport.ParseProbeMode(o.probe)
+	mode, err := endpoint.ParseProbeMode(o.probe)
 	if err != nil || o.probe == "" {
 		bad("probe", o.probe, "want "+oneOf("readyz", "tls", "tcp"))
 	}
@@ -331,8 +331,8 @@ func (o *options) config() (localproxy.Config, error) {
 		bad("tls-server-name", o.tlsServerName, "want a DNS name or an IP address")
 	}
 	cfg.Origin = serverName
-	var prober *transport.Prober
-	if mode == transport.ProbeReadyz || mode == transport.ProbeTLS {
+	var prober *endpoint.Prober
+	if mode == endpoint.ProbeReadyz || mode == endpoint.ProbeTLS {
 		caFile := o.caFile
 		if caFile == "" && fileExists(serviceAccountCA) {
 			caFile = serviceAccountCA
@@ -345,8 +345,8 @@ func (o *options) config() (localproxy.Config, error) {
 			bad("ca-file", o.caFile, err.Error())
 		default:
 			// The CA file is re-read as it rotates (checked on probes
-			// every transport.DefaultTLSReloadInterval).
-			prober = &transport.Prober{
+			// every endpoint.DefaultTLSReloadInterval).
+			prober = &endpoint.Prober{
 				Mode:      mode,
 				TLSConfig: &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12},
 				Host:      serverName,
@@ -357,8 +357,8 @@ func (o *options) config() (localproxy.Config, error) {
 				prober = p
 			}
 		}
-	} else if mode == transport.ProbeTCP {
-		prober = &transport.Prober{Mode: mode}
+	} else if mode == endpoint.ProbeTCP {
+		prober = &endpoint.Prober{Mode: mode}
 	}
 
 	// Credentials, for discovery and probes: --kubeconfig, else the
@@ -367,7 +367,7 @@ func (o *options) config() (localproxy.Config, error) {
 	if credErr != nil && o.kubeconfig != "" {
 		bad("kubeconfig", o.kubeconfig, credErr.Error())
 	}
-	if prober != nil && base != nil && mode != transport.ProbeTCP {
+	if prober != nil && base != nil && mode != endpoint.ProbeTCP {
 		// Clusters with anonymous auth off answer /readyz with 401.
 		if p, err := prober.WithCredentials(base); err != nil {
 			if o.kubeconfig == "" {

@@ -25,7 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	probeCreds := "none"
-	if pr, ok := cfg.Pool.Prober.(*transport.Prober); ok {
+	if pr, ok := cfg.Pool.Prober.(*endpoint.Prober); ok {
 		probeCreds = pr.Credentials()
 	}
 	log.Info("starting", "version", versionString(), "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,

@@ -25,7 +25,7 @@ import (
 
 	main "github.com/apifailover/apifailover/cmd/localproxy"
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // files are inputs for the validation tests.
@@ -314,7 +314,7 @@ func TestValidConfigs(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.kubeconfig}, env())
 		require.NoError(t, err)
 		assert.Nil(t, cfg.Discovery)
-		pr, ok := cfg.Pool.Prober.(*transport.Prober)
+		pr, ok := cfg.Pool.Prober.(*endpoint.Prober)
 		require.True(t, ok, "prober %T", cfg.Pool.Prober)
 		require.NotNil(t, pr.Authorization)
 		assert.Equal(t, "Bearer secret", pr.Authorization())
@@ -322,7 +322,7 @@ func TestValidConfigs(t *testing.T) {
 	t.Run("probes are anonymous without credentials", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env())
 		require.NoError(t, err)
-		assert.Nil(t, cfg.Pool.Prober.(*transport.Prober).Authorization)
+		assert.Nil(t, cfg.Pool.Prober.(*endpoint.Prober).Authorization)
 	})
 	t.Run("in-cluster service account", func(t *testing.T) {
 		defer main.SetServiceAccount(f.kubeconfig, f.ca)() // any existing file will do as a token
@@ -331,7 +331,7 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
 		assert.Equal(t, f.ca, cfg.Discovery.TLSClientConfig.CAFile)
 		assert.Equal(t, "kubernetes.default.svc", cfg.Discovery.TLSClientConfig.ServerName)
-		assert.NotNil(t, cfg.Pool.Prober.(*transport.Prober).Authorization, "probes use the service account token")
+		assert.NotNil(t, cfg.Pool.Prober.(*endpoint.Prober).Authorization, "probes use the service account token")
 	})
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/apifailover/apifailover/hack/workload"
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -224,8 +225,8 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
 		t.Fatal("bed CA: no certificate")
 	}
-	prober := &transport.Prober{
-		Mode:      transport.ProbeReadyz,
+	prober := &endpoint.Prober{
+		Mode:      endpoint.ProbeReadyz,
 		TLSConfig: &tls.Config{RootCAs: roots, ServerName: bed.OriginName(), MinVersion: tls.VersionTLS12},
 		Host:      bed.OriginName(),
 	}

@@ -1,6 +1,6 @@
 //lint:file-ignore SA1019 the v1 Endpoints fallback for node identities is what these tests exercise.
 
-package transport_test
+package endpoint_test
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -78,10 +78,10 @@ func newDiscoveryPool(t *testing.T) *upstream.Pool {
 }
 
 // runDiscoverer runs a Discoverer until the test ends.
-func runDiscoverer(t *testing.T, cs kubernetes.Interface, pool *upstream.Pool, opts transport.DiscovererOptions) {
+func runDiscoverer(t *testing.T, cs kubernetes.Interface, pool *upstream.Pool, opts endpoint.DiscovererOptions) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	d := transport.NewDiscoverer(cs, pool, opts)
+	d := endpoint.NewDiscoverer(cs, pool, opts)
 	go func() {
 		defer close(done)
 		d.Run(ctx)
@@ -108,7 +108,7 @@ func TestDiscoveryKeepsTheLastGoodSet(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1", "10.0.0.2"))
 			pool := newDiscoveryPool(t)
-			runDiscoverer(t, cs, pool, transport.DiscovererOptions{})
+			runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
 			synctest.Wait()
 			good := []string{"10.0.0.1:6443", "10.0.0.2:6443"}
 			require.Equal(t, good, discovered(pool))
@@ -139,7 +139,7 @@ func TestDiscoveryKeepsTheLastGoodSet(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			cs := fake.NewClientset(kubeSlice("kubernetes-a", true, "10.0.0.1"), kubeSlice("kubernetes-b", true, "10.0.0.2"))
 			pool := newDiscoveryPool(t)
-			runDiscoverer(t, cs, pool, transport.DiscovererOptions{})
+			runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
 			synctest.Wait()
 			require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool))
 
@@ -161,7 +161,7 @@ func TestDiscoveryKeepsTheLastGoodSet(t *testing.T) {
 			forbidden.Store(true)
 			forbidSlices(cs, &forbidden)
 			pool := newDiscoveryPool(t)
-			runDiscoverer(t, cs, pool, transport.DiscovererOptions{PollInterval: 10 * time.Second})
+			runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{PollInterval: 10 * time.Second})
 			synctest.Wait()
 			good := []string{"10.0.0.1:6443", "10.0.0.2:6443"}
 			require.Equal(t, good, discovered(pool))
@@ -191,7 +191,7 @@ func TestDiscoveryRetriesEndpointSlicesAfterForbidden(t *testing.T) {
 		forbidden.Store(true)
 		forbidSlices(cs, &forbidden)
 		pool := newDiscoveryPool(t)
-		runDiscoverer(t, cs, pool, transport.DiscovererOptions{PollInterval: 10 * time.Second})
+		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{PollInterval: 10 * time.Second})
 		synctest.Wait()
 		require.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "from the Endpoints fallback")
 

@@ -1,4 +1,4 @@
-package transport_test
+package endpoint_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -51,9 +51,9 @@ func TestProbeWithCredentials(t *testing.T) {
 
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
-	anon := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	anon := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	err = anon.Probe(t.Context(), addr)
-	require.True(t, transport.IsReadyzError(err), "anonymous probe: %v", err)
+	require.True(t, endpoint.IsReadyzError(err), "anonymous probe: %v", err)
 	assert.ErrorContains(t, err, "401")
 
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -105,7 +105,7 @@ func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
 	pki := newPKI(t)
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
-	pr := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	pr := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pki.cert}})
 	require.NoError(t, err)
@@ -119,12 +119,12 @@ func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	err = pr.Probe(ctx, ln.Addr().String())
-	require.True(t, transport.IsReadyzError(err), "slow /readyz: %v", err)
-	var re *transport.ReadyzError
+	require.True(t, endpoint.IsReadyzError(err), "slow /readyz: %v", err)
+	var re *endpoint.ReadyzError
 	require.ErrorAs(t, err, &re)
 	assert.True(t, re.TimedOut)
 	assert.ErrorContains(t, err, "not ready")
-	assert.True(t, transport.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: ln.Addr().String(), Err: err}))
+	assert.True(t, endpoint.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: ln.Addr().String(), Err: err}))
 
 	stopped, err := net.Listen("tcp", "127.0.0.1:0") // accepts (backlog), never handshakes
 	require.NoError(t, err)
@@ -133,8 +133,8 @@ func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
 	defer cancel()
 	err = pr.Probe(ctx, stopped.Addr().String())
 	require.Error(t, err)
-	assert.False(t, transport.IsReadyzError(err), "no TLS handshake: %v", err)
-	assert.False(t, transport.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: stopped.Addr().String(), Err: err}))
+	assert.False(t, endpoint.IsReadyzError(err), "no TLS handshake: %v", err)
+	assert.False(t, endpoint.Graceful(upstream.Event{Kind: upstream.EventDown, Addr: stopped.Addr().String(), Err: err}))
 }
 
 // readyzServer serves /readyz over TLS with cert on addr ("127.0.0.1:0" for
@@ -163,7 +163,7 @@ func TestProbeResumesTLSSessions(t *testing.T) {
 	pki := newPKI(t)
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
-	pr := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	pr := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	a, resumedA, stopA := readyzServer(t, "127.0.0.1:0", pki.cert)
 	b, resumedB, _ := readyzServer(t, "127.0.0.1:0", pki.cert)
 	for range 3 {
@@ -193,9 +193,9 @@ func BenchmarkProbe(b *testing.B) {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pki.caPEM)
 	addr, _, _ := readyzServer(b, "127.0.0.1:0", pki.cert)
-	resumed := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
-	full := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName, ClientSessionCache: noSessions{}}, Host: originName}
-	probe := func(b *testing.B, p *transport.Prober) {
+	resumed := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	full := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName, ClientSessionCache: noSessions{}}, Host: originName}
+	probe := func(b *testing.B, p *endpoint.Prober) {
 		if err := p.Probe(b.Context(), addr); err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package transport_test
+package endpoint_test
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -109,7 +109,7 @@ func TestCertificateTimeErrorClassified(t *testing.T) {
 			srv.cert.Store(&cert)
 			tlsCfg := &tls.Config{RootCAs: roots, ServerName: originName}
 
-			pr := &transport.Prober{Mode: transport.ProbeTLS, TLSConfig: tlsCfg, Host: originName}
+			pr := &endpoint.Prober{Mode: endpoint.ProbeTLS, TLSConfig: tlsCfg, Host: originName}
 			err := pr.Probe(t.Context(), srv.addr)
 			if !tt.timeErr {
 				require.NoError(t, err)
@@ -123,7 +123,7 @@ func TestCertificateTimeErrorClassified(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, p.Set(upstream.SourceStatic, []upstream.Spec{{Addr: srv.addr}}))
 			var dialErr error
-			d := &transport.Dialer{Pool: p, TLSConfig: tlsCfg, OnDial: func(_ string, _ time.Duration, err error) { dialErr = err }}
+			d := &endpoint.Dialer{Pool: p, TLSConfig: tlsCfg, OnDial: func(_ string, _ time.Duration, err error) { dialErr = err }}
 			_, _, err = d.DialAny(t.Context(), []string{srv.addr})
 			require.Error(t, err)
 			assert.ErrorIs(t, dialErr, upstream.ErrCertificateTime)
@@ -146,7 +146,7 @@ func TestNotYetValidCertificateRecovers(t *testing.T) {
 		validFrom := time.Now().Add(30 * time.Second)
 		roots, cert := timedPKI(t, validFrom, validFrom.Add(24*time.Hour))
 		srv.cert.Store(&cert)
-		pr := &transport.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+		pr := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 		p, err := upstream.New(upstream.Config{Prober: pr, IsLocal: func(string) bool { return false }})
 		require.NoError(t, err)
 		var mu sync.Mutex

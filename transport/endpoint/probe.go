@@ -1,4 +1,4 @@
-package transport
+package endpoint
 
 import (
 	"bufio"
@@ -75,7 +75,7 @@ type Prober struct {
 
 	// files are the CA and client certificate files followed as they
 	// rotate; nil if none.
-	files *tlsFiles
+	files *TLSFiles
 	// sessionsGen is the files' generation the session caches belong to:
 	// a resumed session presents the client certificate of its first
 	// handshake and skips verification, so they are dropped on a change.
@@ -102,10 +102,10 @@ var _ upstream.Prober = (*Prober)(nil)
 // CA is not used; p.TLSConfig (or WithCAFile) verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 	q := p.copy()
-	if a := bearer(cfg); a != nil {
+	if a := Bearer(cfg); a != nil {
 		q.Authorization = a
 	}
-	files, err := newTLSFiles("", nil, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, p.TLSReloadInterval, p.Logger)
+	files, err := NewTLSFiles("", nil, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, p.TLSReloadInterval, p.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("probe credentials: %w", err)
 	}
@@ -115,11 +115,11 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 		} else {
 			q.TLSConfig = q.TLSConfig.Clone()
 		}
-		q.files = &tlsFiles{cert: files.cert}
+		q.files = &TLSFiles{cert: files.cert}
 		if p.files != nil {
 			q.files.ca = p.files.ca
 		}
-		q.files.apply(q.TLSConfig)
+		q.files.Apply(q.TLSConfig)
 		return q, nil
 	}
 	certOnly := &rest.Config{TLSClientConfig: rest.TLSClientConfig{
@@ -147,7 +147,7 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 // or holds no certificate is an error; later, such a content is logged
 // and the last good bundle kept.
 func (p *Prober) WithCAFile(caFile string) (*Prober, error) {
-	files, err := newTLSFiles(caFile, nil, "", "", nil, nil, p.TLSReloadInterval, p.Logger)
+	files, err := NewTLSFiles(caFile, nil, "", "", nil, nil, p.TLSReloadInterval, p.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,7 @@ func (p *Prober) WithCAFile(caFile string) (*Prober, error) {
 	if q.TLSConfig == nil {
 		q.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	q.files = &tlsFiles{ca: files.ca}
+	q.files = &TLSFiles{ca: files.ca}
 	if p.files != nil {
 		q.files.cert = p.files.cert
 	}
@@ -173,6 +173,15 @@ func (p *Prober) OnCAChange(fn func()) (cancel func()) {
 		return func() {}
 	}
 	return p.files.ca.subscribe(fn)
+}
+
+// WithTLSFiles returns a copy of p that follows files: their CA bundle,
+// if any, verifies servers and their client certificate, if any, is
+// presented (p.TLSConfig must already use it: see TLSFiles.Apply).
+func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
+	q := p.copy()
+	q.files = files
+	return q
 }
 
 // WithDialContext returns a copy of p whose probes open their connections
@@ -261,7 +270,7 @@ func (p *Prober) tlsConfig() *tls.Config {
 	if p.files.ca == nil {
 		return p.TLSConfig.Clone()
 	}
-	return p.files.config(p.TLSConfig)
+	return p.files.Config(p.TLSConfig)
 }
 
 // sessionCache returns addr's TLS session cache.

@@ -1,4 +1,4 @@
-package transport_test
+package endpoint_test
 
 import (
 	"errors"
@@ -8,13 +8,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 func TestHoldoff(t *testing.T) {
 	down := errors.New("connection refused")
-	var h transport.Holdoff
+	var h endpoint.Holdoff
 	require.NoError(t, h.Err())
 
 	h.Failed(h.Round(), down)
@@ -36,12 +36,12 @@ func TestHoldoff(t *testing.T) {
 	h.Failed(slow, down)
 	assert.NoError(t, h.Err(), "an out-of-date round held new dials off")
 
-	short := transport.Holdoff{Duration: 20 * time.Millisecond}
+	short := endpoint.Holdoff{Duration: 20 * time.Millisecond}
 	short.Failed(short.Round(), down)
 	require.Error(t, short.Err())
 	require.Eventually(t, func() bool { return short.Err() == nil }, 5*time.Second, 5*time.Millisecond)
 
-	none := transport.Holdoff{Duration: -1}
+	none := endpoint.Holdoff{Duration: -1}
 	none.Failed(none.Round(), down)
 	assert.NoError(t, none.Err())
 }

@@ -1,8 +1,7 @@
-package transport
+package endpoint
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // DefaultTLSReloadInterval is how often CA and client certificate files are
@@ -45,7 +42,7 @@ type fileWatch struct {
 }
 
 func newFileWatch(what string, files []string, interval time.Duration, log logr.Logger, parse func([][]byte) (any, error)) (*fileWatch, error) {
-	w := &fileWatch{what: what, files: files, interval: orDefault(interval, DefaultTLSReloadInterval), log: log, parse: parse, subs: make(map[int]func())}
+	w := &fileWatch{what: what, files: files, interval: OrDefault(interval, DefaultTLSReloadInterval), log: log, parse: parse, subs: make(map[int]func())}
 	contents, sum, err := w.read()
 	if err == nil {
 		w.value, err = parse(contents)
@@ -167,18 +164,18 @@ func (w *fileWatch) subscribe(fn func()) (cancel func()) {
 	}
 }
 
-// tlsFiles is a client TLS configuration whose CA bundle and/or client
+// TLSFiles is a client TLS configuration whose CA bundle and/or client
 // certificate come from files that may rotate. Either watch may be nil.
-type tlsFiles struct {
+type TLSFiles struct {
 	ca, cert *fileWatch
 }
 
-// newTLSFiles watches the files of cfg that client-go would load once:
+// NewTLSFiles watches the files of cfg that client-go would load once:
 // CAFile unless CAData is set, and CertFile and KeyFile unless CertData or
 // KeyData is set (as client-go's own rotation: a certificate given as
 // data does not change). It returns nil when there is nothing to watch.
-func newTLSFiles(caFile string, caData []byte, certFile, keyFile string, certData, keyData []byte, interval time.Duration, log logr.Logger) (*tlsFiles, error) {
-	var f tlsFiles
+func NewTLSFiles(caFile string, caData []byte, certFile, keyFile string, certData, keyData []byte, interval time.Duration, log logr.Logger) (*TLSFiles, error) {
+	var f TLSFiles
 	var err error
 	if caFile != "" && len(caData) == 0 {
 		if f.ca, err = newCAWatch(caFile, interval, log); err != nil {
@@ -196,9 +193,9 @@ func newTLSFiles(caFile string, caData []byte, certFile, keyFile string, certDat
 	return &f, nil
 }
 
-// apply makes base use the watched client certificate: every handshake
+// Apply makes base use the watched client certificate: every handshake
 // asks for the current one. It returns base, changed in place.
-func (f *tlsFiles) apply(base *tls.Config) *tls.Config {
+func (f *TLSFiles) Apply(base *tls.Config) *tls.Config {
 	if f == nil || f.cert == nil {
 		return base
 	}
@@ -208,16 +205,16 @@ func (f *tlsFiles) apply(base *tls.Config) *tls.Config {
 }
 
 // clientCertificate is tls.Config.GetClientCertificate.
-func (f *tlsFiles) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+func (f *TLSFiles) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	v, _ := f.cert.current()
 	return v.(*tls.Certificate), nil
 }
 
-// config returns base, or a clone of it that verifies servers with the
+// Config returns base, or a clone of it that verifies servers with the
 // current CA bundle. The verification itself is crypto/tls's own, so
 // its errors are the usual ones (tls.CertificateVerificationError
 // wrapping x509 errors) and VerifiedChains is set.
-func (f *tlsFiles) config(base *tls.Config) *tls.Config {
+func (f *TLSFiles) Config(base *tls.Config) *tls.Config {
 	if f == nil || f.ca == nil {
 		return base
 	}
@@ -229,7 +226,7 @@ func (f *tlsFiles) config(base *tls.Config) *tls.Config {
 
 // generation counts changes of either file set; it changes when sessions
 // and connections made before no longer show the current files.
-func (f *tlsFiles) generation() uint64 {
+func (f *TLSFiles) generation() uint64 {
 	if f == nil {
 		return 0
 	}
@@ -245,8 +242,8 @@ func (f *tlsFiles) generation() uint64 {
 	return g
 }
 
-// checkNow checks both file sets now.
-func (f *tlsFiles) checkNow() {
+// CheckNow checks both file sets now.
+func (f *TLSFiles) CheckNow() {
 	if f == nil {
 		return
 	}
@@ -257,80 +254,24 @@ func (f *tlsFiles) checkNow() {
 	}
 }
 
-// tlsReactor checks a Failover's TLS files every interval for its
-// lifetime and acts on changes, whoever saw them (its timer, a probe or a
-// dial): a new client certificate retires the request connections, which
-// presented the old one; a new CA probes quarantined endpoints again.
-type tlsReactor struct {
-	files                 *tlsFiles
-	pool                  *upstream.Pool
-	conns                 *connPool
-	interval, dialTimeout time.Duration
-	log                   logr.Logger
-	// certChanged and caChanged are signalled by the watches' subscribers.
-	certChanged, caChanged chan struct{}
-	cancels                []func()
+// HasCA reports whether f follows a CA file.
+func (f *TLSFiles) HasCA() bool { return f != nil && f.ca != nil }
+
+// OnCertChange runs fn after every change of the client certificate files,
+// in the goroutine that saw it, until cancel is called. It does nothing
+// without them.
+func (f *TLSFiles) OnCertChange(fn func()) (cancel func()) {
+	if f == nil || f.cert == nil {
+		return func() {}
+	}
+	return f.cert.subscribe(fn)
 }
 
-func newTLSReactor(files *tlsFiles, pool *upstream.Pool, conns *connPool, interval, dialTimeout time.Duration, log logr.Logger) *tlsReactor {
-	r := &tlsReactor{
-		files: files, pool: pool, conns: conns, interval: interval, dialTimeout: dialTimeout, log: log,
-		certChanged: make(chan struct{}, 1), caChanged: make(chan struct{}, 1),
+// OnCAChange runs fn after every change of the CA file, in the goroutine
+// that saw it, until cancel is called. It does nothing without one.
+func (f *TLSFiles) OnCAChange(fn func()) (cancel func()) {
+	if f == nil || f.ca == nil {
+		return func() {}
 	}
-	if files.cert != nil {
-		r.cancels = append(r.cancels, files.cert.subscribe(func() { signal(r.certChanged) }))
-	}
-	if files.ca != nil {
-		r.cancels = append(r.cancels, files.ca.subscribe(func() { signal(r.caChanged) }))
-	}
-	return r
-}
-
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
-
-// run works until ctx is done.
-func (r *tlsReactor) run(ctx context.Context) {
-	defer func() {
-		for _, c := range r.cancels {
-			c()
-		}
-	}()
-	tick := time.NewTimer(r.interval)
-	defer tick.Stop()
-	// again retires once more a dial timeout after a certificate change:
-	// a connection whose handshake took the old certificate just before
-	// the change may join the pool just after the first retire.
-	again := time.NewTimer(r.dialTimeout)
-	again.Stop()
-	defer again.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			r.files.checkNow()
-			tick.Reset(r.interval)
-		case <-r.certChanged:
-			r.retire()
-			again.Reset(r.dialTimeout)
-		case <-again.C:
-			r.retire()
-		case <-r.caChanged:
-			r.log.Info("CA changed: probing endpoints quarantined for certificate errors again")
-			r.pool.ResetQuarantine()
-		}
-	}
-}
-
-// retire makes every request connection take no new requests and close
-// once its running requests are done, so that new requests handshake with
-// the current client certificate.
-func (r *tlsReactor) retire() {
-	busy := r.conns.retire(func(string) bool { return true })
-	r.log.Info("client certificate changed: retiring connections", "busy", len(busy))
+	return f.ca.subscribe(fn)
 }

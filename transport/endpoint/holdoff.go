@@ -1,4 +1,4 @@
-package transport
+package endpoint
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func (h *Holdoff) Err() error {
 		return nil
 	}
 	ago := time.Since(h.at)
-	if wait := orDefault(h.Duration, DefaultHoldoff) - ago; wait > 0 {
+	if wait := OrDefault(h.Duration, DefaultHoldoff) - ago; wait > 0 {
 		return fmt.Errorf("%w (every endpoint failed %s ago; next attempt in %s)",
 			h.failed, ago.Round(time.Millisecond), wait.Round(time.Millisecond))
 	}

@@ -10,6 +10,4 @@ import (
 // idleSupported: without TCP_INFO the idle timeout is not enforced.
 const idleSupported = false
 
-func setUserTimeout(*net.TCPConn, time.Duration) error { return nil }
-
 func idleFor(net.Conn) (time.Duration, bool) { return 0, false }

@@ -1,4 +1,4 @@
-package transport
+package endpoint
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -77,7 +78,9 @@ func (d *Dialer) staggerDelay() time.Duration {
 	return max(d.StaggerDelay, 0)
 }
 
-func orDefault(v, def time.Duration) time.Duration {
+// OrDefault returns v, or def if v is zero: the "If zero, a default is
+// used" of every duration option of both front ends.
+func OrDefault(v, def time.Duration) time.Duration {
 	if v == 0 {
 		return def
 	}
@@ -202,7 +205,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	if len(candidates) == 0 {
 		return nil, "", fmt.Errorf("%w: %w", ErrNoEndpoint, upstream.ErrNoEndpoints)
 	}
-	ctx, cancel := context.WithTimeout(ctx, orDefault(d.Timeout, DefaultDialTimeout))
+	ctx, cancel := context.WithTimeout(ctx, OrDefault(d.Timeout, DefaultDialTimeout))
 	defer cancel()
 	results := make(chan dialResult, len(candidates))
 	next, inflight := 0, 0
@@ -274,18 +277,19 @@ func (d *Dialer) attempt(ctx context.Context, addr string, results chan<- dialRe
 // handshaking TLS when TLSConfig is set. Failures other than cancellation
 // are reported to the pool.
 func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error) {
-	actx, cancel := context.WithTimeout(ctx, orDefault(d.AttemptTimeout, DefaultAttemptTimeout))
+	actx, cancel := context.WithTimeout(ctx, OrDefault(d.AttemptTimeout, DefaultAttemptTimeout))
 	defer cancel()
-	nd := &net.Dialer{Control: setUserTimeout(orDefault(d.UserTimeout, DefaultUserTimeout))}
-	if ka := orDefault(d.KeepAlive, DefaultKeepAlive); ka > 0 {
-		nd.KeepAliveConfig = net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: 3}
-	} else {
-		nd.KeepAlive = -1
-	}
+	// Keepalive is set by TuneTCP below, TCP_USER_TIMEOUT before the
+	// connect so that it bounds the handshake's retransmissions too.
+	ut := OrDefault(d.UserTimeout, DefaultUserTimeout)
+	nd := &net.Dialer{KeepAlive: -1, Control: func(_, _ string, rc syscall.RawConn) error { return setUserTimeout(rc, ut) }}
 	raw, err := nd.DialContext(actx, "tcp", addr)
 	if err != nil {
 		d.reportFailure(ctx, addr, upstream.FailureDial, err)
 		return nil, err
+	}
+	if err := TuneTCP(raw, OrDefault(d.KeepAlive, DefaultKeepAlive), 0); err != nil {
+		d.Logger.V(2).Info("setting keepalive failed", "endpoint", addr, "err", err.Error())
 	}
 	tc := d.track(addr, raw)
 	if d.TLSConfig == nil {

@@ -12,22 +12,6 @@ import (
 // idleSupported: the kernel tells how long a socket carried no data.
 const idleSupported = true
 
-// setUserTimeout sets TCP_USER_TIMEOUT: the kernel aborts the connection
-// when sent data stays unacknowledged this long.
-func setUserTimeout(tc *net.TCPConn, d time.Duration) error {
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
-	}); err != nil {
-		return err
-	}
-	return serr
-}
-
 // idleFor returns how long the socket has neither sent nor received data,
 // from TCP_INFO; ok is false when that cannot be read.
 func idleFor(nc net.Conn) (d time.Duration, ok bool) {

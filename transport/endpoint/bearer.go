@@ -1,0 +1,32 @@
+package endpoint
+
+import (
+	"k8s.io/client-go/rest"
+	clienttransport "k8s.io/client-go/transport"
+)
+
+// Bearer returns the Authorization header source for probes, if cfg has a
+// bearer token.
+func Bearer(cfg *rest.Config) func() string {
+	static := ""
+	if cfg.BearerToken != "" {
+		static = "Bearer " + cfg.BearerToken
+	}
+	if cfg.BearerTokenFile != "" {
+		// A kubeconfig's tokenFile sets both: the file wins, re-read as it
+		// rotates (as client-go's own requests do); BearerToken is what was
+		// in it at start, used only while the file cannot be read.
+		ts := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
+		return func() string {
+			t, err := ts.Token()
+			if err != nil {
+				return static
+			}
+			return "Bearer " + t.AccessToken
+		}
+	}
+	if static != "" {
+		return func() string { return static }
+	}
+	return nil
+}

@@ -1,0 +1,370 @@
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// The API server endpoints: the EndpointSlices (and Endpoints) of the
+// kubernetes Service in default.
+const (
+	kubernetesNamespace = "default"
+	kubernetesService   = "kubernetes"
+	serviceNameLabel    = discoveryv1.LabelServiceName + "=" + kubernetesService
+)
+
+// Discovery backoff after errors: doubling from min to max, with jitter.
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+)
+
+// DefaultDiscoveryPollInterval is how often the Endpoints fallback is
+// read while listing EndpointSlices is forbidden.
+const DefaultDiscoveryPollInterval = 10 * time.Second
+
+// DefaultSliceRetryInterval is how long the Endpoints fallback is polled
+// before listing EndpointSlices is tried again.
+const DefaultSliceRetryInterval = 5 * time.Minute
+
+// Discoverer keeps a pool's discovered endpoints in line with the
+// kubernetes EndpointSlices in default, falling back to polling the
+// kubernetes Endpoints when listing slices is forbidden (node identities)
+// and trying slices again every few minutes. An update that leaves no ready
+// endpoint at all keeps the last good set: an API server that answers has
+// just served the update, so an empty list is a glitch (a slice recreated,
+// every endpoint briefly not ready), not the truth. A smaller set applies.
+// Give it a client that goes through the failover path itself (not the
+// Service's ClusterIP), so that it works before the CNI does.
+type Discoverer struct {
+	client kubernetes.Interface
+	pool   *upstream.Pool
+	opts   DiscovererOptions
+	log    logr.Logger
+
+	last []upstream.Spec // the last non-empty set applied; used by Run only
+}
+
+// DiscovererOptions configures a Discoverer.
+type DiscovererOptions struct {
+	// PollInterval of the Endpoints fallback. If zero,
+	// DefaultDiscoveryPollInterval (10s).
+	PollInterval time.Duration
+	// SliceRetryInterval is how long the Endpoints fallback is used before
+	// listing EndpointSlices is tried again, so that an RBAC change takes
+	// effect without a restart. If zero, DefaultSliceRetryInterval (5m).
+	// Jittered by ±20%.
+	SliceRetryInterval time.Duration
+	// OnUpdate, if set, is called after every update of the pool with the
+	// endpoints discovered (never none: an empty set keeps the last good
+	// one and is not an update).
+	OnUpdate func([]upstream.Spec)
+	// Logger receives fallbacks and failures. The zero value discards.
+	Logger logr.Logger
+}
+
+// NewDiscoverer returns a Discoverer that sets pool's SourceDiscovery
+// endpoints. Start it with Run.
+func NewDiscoverer(client kubernetes.Interface, pool *upstream.Pool, opts DiscovererOptions) *Discoverer {
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultDiscoveryPollInterval
+	}
+	if opts.SliceRetryInterval <= 0 {
+		opts.SliceRetryInterval = DefaultSliceRetryInterval
+	}
+	return &Discoverer{client: client, pool: pool, opts: opts, log: opts.Logger.WithName("discovery")}
+}
+
+// Run watches EndpointSlices until ctx is done (relisting after a 410,
+// backing off with jitter after errors); when listing them is forbidden it
+// polls the Endpoints object instead, for SliceRetryInterval at a time.
+func (d *Discoverer) Run(ctx context.Context) {
+	b := backoff{}
+	fallback := false // whether the last list of slices was forbidden
+	for ctx.Err() == nil {
+		err := d.watchSlices(ctx, func() {
+			if fallback {
+				d.log.Info("listing EndpointSlices works again; watching them instead of polling the kubernetes Endpoints")
+				fallback = false
+			}
+		})
+		switch {
+		case ctx.Err() != nil:
+			return
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			d.log.V(1).Info("EndpointSlice watch expired; listing again", "err", err.Error())
+		case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
+			retry := jitter(d.opts.SliceRetryInterval)
+			if !fallback {
+				d.log.Info("cannot list EndpointSlices; polling the kubernetes Endpoints instead", "err", err.Error(), "retrySlicesIn", retry)
+			} else {
+				d.log.V(1).Info("still cannot list EndpointSlices", "err", err.Error(), "retrySlicesIn", retry)
+			}
+			fallback = true
+			d.pollEndpoints(ctx, retry)
+		case err != nil:
+			d.log.V(1).Info("EndpointSlice watch failed", "err", err.Error())
+			if !sleepCtx(ctx, b.next()) {
+				return
+			}
+		default:
+			b.reset()
+		}
+	}
+}
+
+// watchSlices lists the slices and follows the watch until it ends. It
+// calls listed after a successful list. It returns nil when the watch ended
+// normally (to be resumed by a new list) and the error otherwise. A 410
+// Gone leads to a fresh list.
+func (d *Discoverer) watchSlices(ctx context.Context, listed func()) error {
+	api := d.client.DiscoveryV1().EndpointSlices(kubernetesNamespace)
+	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel})
+	if err != nil {
+		return err
+	}
+	listed()
+	slicesByName := make(map[string]*discoveryv1.EndpointSlice, len(list.Items))
+	for i := range list.Items {
+		slicesByName[list.Items[i].Name] = &list.Items[i]
+	}
+	d.apply(slicesByName)
+	rv := list.ResourceVersion
+	for ctx.Err() == nil {
+		w, err := api.Watch(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel, ResourceVersion: rv, AllowWatchBookmarks: true})
+		if err != nil {
+			return err
+		}
+		rv, err = d.follow(ctx, w, slicesByName, rv)
+		w.Stop()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// follow applies watch events until the watch or ctx ends. It returns the
+// last resource version seen.
+func (d *Discoverer) follow(ctx context.Context, w watch.Interface, slicesByName map[string]*discoveryv1.EndpointSlice, rv string) (string, error) {
+	for {
+		var ev watch.Event
+		select {
+		case <-ctx.Done():
+			return rv, ctx.Err()
+		case e, ok := <-w.ResultChan():
+			if !ok {
+				return rv, nil
+			}
+			ev = e
+		}
+		switch ev.Type {
+		case watch.Error:
+			return rv, apierrors.FromObject(ev.Object)
+		case watch.Bookmark:
+			if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok {
+				rv = s.ResourceVersion
+			}
+			continue
+		}
+		s, ok := ev.Object.(*discoveryv1.EndpointSlice)
+		if !ok {
+			continue
+		}
+		rv = s.ResourceVersion
+		if ev.Type == watch.Deleted {
+			delete(slicesByName, s.Name)
+		} else {
+			slicesByName[s.Name] = s
+		}
+		d.apply(slicesByName)
+	}
+}
+
+// apply sets the pool's discovered endpoints to the ready addresses of all
+// slices.
+func (d *Discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
+	var specs []upstream.Spec
+	for _, s := range slicesByName {
+		specs = append(specs, SlicesToSpecs(s)...)
+	}
+	d.set(specs, "EndpointSlices")
+}
+
+// set sets the pool's discovered endpoints to the valid ones of specs,
+// unless there are none: then the last good set stays.
+func (d *Discoverer) set(specs []upstream.Spec, from string) {
+	valid := make([]upstream.Spec, 0, len(specs))
+	var invalid []error
+	for _, s := range specs {
+		addr, err := upstream.ParseAddr(s.Addr)
+		if err != nil {
+			invalid = append(invalid, err)
+			continue
+		}
+		s.Addr = addr
+		valid = append(valid, s)
+	}
+	if len(invalid) > 0 {
+		d.log.Info("ignoring invalid discovered endpoints", "from", from, "err", errors.Join(invalid...).Error())
+	}
+	if len(valid) == 0 {
+		if len(d.last) > 0 {
+			d.log.Info("no ready API server endpoint discovered; keeping the last good set", "from", from, "kept", specAddrs(d.last))
+		}
+		return
+	}
+	slices.SortFunc(valid, func(a, b upstream.Spec) int { return strings.Compare(a.Addr, b.Addr) })
+	d.pool.Set(upstream.SourceDiscovery, valid) // valid: cannot fail
+	d.last = valid
+	d.log.V(2).Info("discovered endpoints", "from", from, "count", len(valid))
+	if d.opts.OnUpdate != nil {
+		d.opts.OnUpdate(valid)
+	}
+}
+
+func specAddrs(specs []upstream.Spec) []string {
+	out := make([]string, len(specs))
+	for i, s := range specs {
+		out[i] = s.Addr
+	}
+	return out
+}
+
+// SlicesToSpecs returns the ready endpoints of an EndpointSlice of the
+// kubernetes Service as pool specs: every address with the slice's https
+// port (or its only port), and the endpoint's zone. An endpoint whose Ready
+// condition is unset counts as ready, as the API documents.
+func SlicesToSpecs(s *discoveryv1.EndpointSlice) []upstream.Spec {
+	port := slicePort(s.Ports)
+	if port == 0 {
+		return nil
+	}
+	var specs []upstream.Spec
+	for _, ep := range s.Endpoints {
+		if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			continue
+		}
+		zone := ""
+		if ep.Zone != nil {
+			zone = *ep.Zone
+		}
+		for _, a := range ep.Addresses {
+			specs = append(specs, upstream.Spec{Addr: net.JoinHostPort(a, strconv.Itoa(int(port))), Zone: zone})
+		}
+	}
+	return specs
+}
+
+func slicePort(ports []discoveryv1.EndpointPort) int32 {
+	for _, p := range ports {
+		if p.Name != nil && *p.Name == "https" && p.Port != nil {
+			return *p.Port
+		}
+	}
+	if len(ports) == 1 && ports[0].Port != nil {
+		return *ports[0].Port
+	}
+	return 0
+}
+
+// pollEndpoints reads the kubernetes Endpoints object every poll interval
+// (node identities may get it but not list EndpointSlices) until ctx is
+// done or the time given has passed.
+func (d *Discoverer) pollEndpoints(ctx context.Context, until time.Duration) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	end := time.NewTimer(until)
+	defer end.Stop()
+	b := backoff{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end.C:
+			return
+		case <-t.C:
+		}
+		ep, err := d.client.CoreV1().Endpoints(kubernetesNamespace).Get(ctx, kubernetesService, metav1.GetOptions{})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.log.V(1).Info("reading the kubernetes Endpoints failed", "err", err.Error())
+			t.Reset(max(b.next(), d.opts.PollInterval))
+			continue
+		}
+		b.reset()
+		d.set(EndpointsToSpecs(ep), "Endpoints")
+		t.Reset(jitter(d.opts.PollInterval))
+	}
+}
+
+// EndpointsToSpecs returns the ready addresses of the kubernetes Endpoints
+// object with its https port (or its only port).
+//
+//lint:ignore SA1019 node identities may get v1 Endpoints but not list EndpointSlices.
+func EndpointsToSpecs(ep *corev1.Endpoints) []upstream.Spec {
+	var specs []upstream.Spec
+	for _, ss := range ep.Subsets {
+		var port int32
+		for _, p := range ss.Ports {
+			if p.Name == "https" || len(ss.Ports) == 1 {
+				port = p.Port
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, a := range ss.Addresses {
+			specs = append(specs, upstream.Spec{Addr: net.JoinHostPort(a.IP, strconv.Itoa(int(port)))})
+		}
+	}
+	return specs
+}
+
+// backoff doubles from minBackoff to maxBackoff, with ±20% jitter.
+type backoff struct{ cur time.Duration }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = minBackoff
+	} else {
+		b.cur = min(2*b.cur, maxBackoff)
+	}
+	return jitter(b.cur)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// sleepCtx waits d or until ctx is done; it reports whether d elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,108 @@
+package endpoint
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// DialBuckets are the histogram buckets of dial durations (TCP connect and
+// TLS handshake), in seconds, for both front ends.
+var DialBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// EndpointSeries keeps per-endpoint series (those with a label "endpoint")
+// only while their endpoint is in the pool: when an endpoint is removed
+// (upstream.EventRemoved) its series are deleted, so that discovery churn
+// does not grow the metrics without bound and a dashboard does not show
+// endpoints that are gone.
+type EndpointSeries struct {
+	pool        *upstream.Pool
+	vecs        []*prometheus.MetricVec
+	unsubscribe func()
+}
+
+// NewEndpointSeries watches pool's events and deletes an endpoint's series
+// from vecs when it is removed, until Close. Call Observed after each
+// update of a series.
+func NewEndpointSeries(pool *upstream.Pool, vecs ...*prometheus.MetricVec) *EndpointSeries {
+	s := &EndpointSeries{pool: pool, vecs: vecs}
+	s.unsubscribe = pool.Subscribe(s.onEvent)
+	return s
+}
+
+func (s *EndpointSeries) onEvent(ev upstream.Event) {
+	if ev.Kind == upstream.EventRemoved {
+		s.forget(ev.Addr)
+	}
+}
+
+// Observed is called after a series of addr was updated. If addr has left
+// the pool meanwhile (a dial that ends as its endpoint is removed), the
+// series the update recreated is deleted again.
+func (s *EndpointSeries) Observed(addr string) {
+	if !s.pool.Has(addr) {
+		s.forget(addr)
+	}
+}
+
+func (s *EndpointSeries) forget(addr string) {
+	for _, v := range s.vecs {
+		v.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
+	}
+}
+
+// Close stops watching the pool.
+func (s *EndpointSeries) Close() { s.unsubscribe() }
+
+// PoolCollector exports the state of every endpoint of a pool, read at
+// scrape time.
+type PoolCollector struct {
+	pool      *upstream.Pool
+	state     *prometheus.Desc
+	preferred *prometheus.Desc
+	conns     *prometheus.Desc
+	rtt       *prometheus.Desc
+}
+
+// NewPoolCollector returns a collector for pool's endpoints:
+// apifailover_endpoint_state{endpoint,state} (1 for the current state),
+// apifailover_endpoint_preferred{endpoint}, apifailover_endpoint_open_connections{endpoint}
+// and apifailover_endpoint_rtt_seconds{endpoint}.
+func NewPoolCollector(pool *upstream.Pool) *PoolCollector {
+	return &PoolCollector{
+		pool:      pool,
+		state:     prometheus.NewDesc("apifailover_endpoint_state", "Health state of each API server endpoint: 1 for its current state, 0 for the others.", []string{"endpoint", "state"}, nil),
+		preferred: prometheus.NewDesc("apifailover_endpoint_preferred", "1 for the endpoint new connections go to first.", []string{"endpoint"}, nil),
+		conns:     prometheus.NewDesc("apifailover_endpoint_open_connections", "Open connections to each endpoint.", []string{"endpoint"}, nil),
+		rtt:       prometheus.NewDesc("apifailover_endpoint_rtt_seconds", "Moving average of successful probe durations per endpoint.", []string{"endpoint"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.state
+	ch <- c.preferred
+	ch <- c.conns
+	ch <- c.rtt
+}
+
+var allStates = []upstream.State{upstream.StateUnknown, upstream.StateHealthy, upstream.StateUnhealthy, upstream.StateQuarantined}
+
+// Collect implements prometheus.Collector.
+func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.pool.Status() {
+		for _, st := range allStates {
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, b2f(s.State == st), s.Addr, st.String())
+		}
+		ch <- prometheus.MustNewConstMetric(c.preferred, prometheus.GaugeValue, b2f(s.Preferred), s.Addr)
+		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(s.Conns), s.Addr)
+		ch <- prometheus.MustNewConstMetric(c.rtt, prometheus.GaugeValue, s.RTT.Seconds(), s.Addr)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

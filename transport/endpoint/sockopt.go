@@ -1,0 +1,42 @@
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// TuneTCP sets keepalive and TCP_USER_TIMEOUT on a TCP connection, the
+// socket options both front ends want on every connection, to a server or
+// from a client: keepAlive > 0 enables keepalive with that idle time and
+// probe interval (3 probes), otherwise keepalive is off; userTimeout > 0
+// sets TCP_USER_TIMEOUT (Linux; elsewhere nothing), otherwise the system
+// default stays. Connections that are not TCP are left alone. Both are
+// tried; a failure leaves the connection working with the system
+// defaults.
+func TuneTCP(nc net.Conn, keepAlive, userTimeout time.Duration) error {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return nil
+	}
+	var kerr, uerr error
+	if keepAlive > 0 {
+		kerr = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
+	} else {
+		kerr = tc.SetKeepAlive(false)
+	}
+	if kerr != nil {
+		kerr = fmt.Errorf("keepalive: %w", kerr)
+	}
+	if userTimeout > 0 {
+		rc, err := tc.SyscallConn()
+		if err == nil {
+			err = setUserTimeout(rc, userTimeout)
+		}
+		if err != nil {
+			uerr = fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
+		}
+	}
+	return errors.Join(kerr, uerr)
+}
