@@ -149,7 +149,7 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			cands = kept
 		}
 		if len(cands) == 0 {
-			return nil, fmt.Errorf("%w: every endpoint was tried", endpoint.ErrNoEndpoint)
+			return nil, fmt.Errorf("%w: every endpoint was tried", endpoint.ErrUnreachable)
 		}
 		first := cands[0]
 		if c := p.reserve(first); c != nil {

@@ -108,7 +108,7 @@ func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 	requests := 0
 	for time.Since(start) < 3*endpoint.DefaultHoldoff {
 		_, err := get(t, f, "/api")
-		require.ErrorIs(t, err, endpoint.ErrNoEndpoint)
+		require.ErrorIs(t, err, endpoint.ErrUnreachable)
 		requests++
 	}
 	elapsed := time.Since(start)

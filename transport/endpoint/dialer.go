@@ -25,9 +25,9 @@ const (
 	DefaultUserTimeout    = 10 * time.Second
 )
 
-// ErrNoEndpoint is returned (joined with every attempt's error) when no
+// ErrUnreachable is returned (joined with every attempt's error) when no
 // endpoint could be connected to.
-var ErrNoEndpoint = errors.New("no endpoint could be reached")
+var ErrUnreachable = errors.New("no endpoint could be reached")
 
 // Dialer connects to the best endpoints of a pool: staggered parallel
 // attempts in candidate order, first to connect wins, the rest are closed.
@@ -94,7 +94,6 @@ type TrackedConn struct {
 	addr  string
 	d     *Dialer
 	once  sync.Once
-	byUs  bool // closed by CloseEndpoint; guarded by d.mu
 	close error
 }
 
@@ -104,14 +103,6 @@ func (c *TrackedConn) Endpoint() string { return c.addr }
 // NetConn returns the underlying connection (a *net.TCPConn for TCP), for
 // splicing.
 func (c *TrackedConn) NetConn() net.Conn { return c.Conn }
-
-// ClosedByPool reports whether the connection was closed because its
-// endpoint went down or was removed.
-func (c *TrackedConn) ClosedByPool() bool {
-	c.d.mu.Lock()
-	defer c.d.mu.Unlock()
-	return c.byUs
-}
 
 // Close closes the connection and stops tracking it.
 func (c *TrackedConn) Close() error {
@@ -157,7 +148,6 @@ func (d *Dialer) CloseEndpoint(addr string) int {
 	d.mu.Lock()
 	conns := make([]*TrackedConn, 0, len(d.conns[addr]))
 	for c := range d.conns[addr] {
-		c.byUs = true
 		conns = append(conns, c)
 	}
 	d.mu.Unlock()
@@ -200,10 +190,10 @@ type dialResult struct {
 // connected after StaggerDelay, takes the first success and closes the
 // others. The returned connection is a *tls.Conn over a *TrackedConn when
 // TLSConfig is set, else a *TrackedConn. On failure the error joins
-// ErrNoEndpoint with every attempt's error.
+// ErrUnreachable with every attempt's error.
 func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, string, error) {
 	if len(candidates) == 0 {
-		return nil, "", fmt.Errorf("%w: %w", ErrNoEndpoint, upstream.ErrNoEndpoints)
+		return nil, "", fmt.Errorf("%w: %w", ErrUnreachable, upstream.ErrNoEndpoints)
 	}
 	ctx, cancel := context.WithTimeout(ctx, OrDefault(d.Timeout, DefaultDialTimeout))
 	defer cancel()
@@ -217,7 +207,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	start()
 	stagger := time.NewTimer(d.staggerDelay())
 	defer stagger.Stop()
-	errs := []error{ErrNoEndpoint}
+	errs := []error{ErrUnreachable}
 	firstFailed := false
 	for inflight > 0 {
 		select {
