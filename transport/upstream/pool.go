@@ -544,13 +544,15 @@ func (p *Pool) flush() {
 // empty.
 func (p *Pool) Pick() (string, error) {
 	p.mu.Lock()
-	p.expireSlowLocked(time.Now())
+	expired := p.expireSlowLocked(time.Now())
 	addr := ""
 	if len(p.order) > 0 {
 		addr = p.order[0].addr
 	}
 	p.mu.Unlock()
-	p.flush()
+	if expired {
+		p.flush()
+	}
 	if addr == "" {
 		return "", ErrNoEndpoints
 	}
@@ -568,13 +570,15 @@ func (p *Pool) Pick() (string, error) {
 // only when the pool is.
 func (p *Pool) Candidates() []string {
 	p.mu.Lock()
-	p.expireSlowLocked(time.Now())
+	expired := p.expireSlowLocked(time.Now())
 	out := make([]string, len(p.order))
 	for i, e := range p.order {
 		out[i] = e.addr
 	}
 	p.mu.Unlock()
-	p.flush()
+	if expired { // events only come from a lifted demotion here
+		p.flush()
+	}
 	return out
 }
 

@@ -55,10 +55,11 @@ func (p *Pool) ReportDialRace(addr string, won bool) {
 }
 
 // expireSlowLocked lifts the demotions that ran out by now. Called wherever
-// the order is read, so that no timer is needed.
-func (p *Pool) expireSlowLocked(now time.Time) {
+// the order is read, so that no timer is needed. It reports whether it
+// lifted any (the order was rebuilt and may have events to flush).
+func (p *Pool) expireSlowLocked(now time.Time) bool {
 	if p.slowNext.IsZero() || now.Before(p.slowNext) {
-		return
+		return false
 	}
 	p.slowNext = time.Time{}
 	for _, e := range p.eps {
@@ -75,6 +76,7 @@ func (p *Pool) expireSlowLocked(now time.Time) {
 		p.slowNext = earliest(p.slowNext, e.slowUntil)
 	}
 	p.rebuildLocked()
+	return true
 }
 
 func earliest(a, b time.Time) time.Time {
