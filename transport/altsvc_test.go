@@ -88,7 +88,7 @@ func TestAltSvcLearnsAlternativesAndSurvivesTheFront(t *testing.T) {
 func TestAltSvcPoisoning(t *testing.T) {
 	t.Run("alternative with a certificate for another name", func(t *testing.T) {
 		c := newCluster(t, 1)
-		impostor := newServer(t, "impostor", c.pki.wrong)
+		impostor := newServer(t, "impostor", c.pki.Wrong)
 		advertise(c.servers[0], impostor.addr)
 		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, impostor.addr)}})
 		mustGet(t, f, "/api")
@@ -154,7 +154,7 @@ func (c *cluster) named(name string) *server {
 func TestAltSvcAdmitsOnlyAPIServerPorts(t *testing.T) {
 	t.Run("unknown port", func(t *testing.T) {
 		c := newCluster(t, 1)
-		kubelet := newServer(t, "kubelet", c.pki.cert)
+		kubelet := newServer(t, "kubelet", c.pki.Cert)
 		advertise(c.servers[0], kubelet.addr)
 		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback})
 		for range 5 {

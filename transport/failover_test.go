@@ -485,7 +485,7 @@ func TestAPFTooManyRequestsIsNotFailover(t *testing.T) {
 
 func TestCertificateForAnotherNameIsQuarantined(t *testing.T) {
 	c := newCluster(t, 2)
-	impostor := newServer(t, "impostor", c.pki.wrong)
+	impostor := newServer(t, "impostor", c.pki.Wrong)
 	opts := transport.Options{Endpoints: []string{impostor.addr}}
 	opts.DisableDiscovery = true
 	f, err := transport.Wrap(t.Context(), c.config(), opts)

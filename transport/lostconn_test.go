@@ -131,7 +131,7 @@ func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 		require.Error(t, err)
 		failedAt = time.Now()
 	}
-	restartAt(t, s.addr, c.pki.cert)
+	restartAt(t, s.addr, c.pki.Cert)
 	require.Eventually(t, func() bool {
 		st := f.Pool().Status()
 		return len(st) == 1 && st[0].State == upstream.StateHealthy

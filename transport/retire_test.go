@@ -18,7 +18,7 @@ import (
 func TestRetireClosesEveryIdleConnection(t *testing.T) {
 	c := &cluster{pki: newPKI(t)}
 	for _, name := range []string{"s0", "s1"} {
-		c.servers = append(c.servers, newServerProto(t, name, c.pki.cert, false))
+		c.servers = append(c.servers, newServerProto(t, name, c.pki.Cert, false))
 	}
 	f := wrap(t, c, transport.Options{})
 	s := serving(t, c, f)

@@ -15,7 +15,7 @@ import (
 // trust) to the same server.
 func directClient(b *testing.B, c *cluster) *http.Client {
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(c.pki.caPEM)
+	pool.AppendCertsFromPEM(c.pki.CAPEM)
 	t := &http.Transport{
 		TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: originName},
 		ForceAttemptHTTP2: true,

@@ -156,7 +156,7 @@ func TestUnprocessedRequestsGoElsewhereWhateverTheMethod(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, 1)
 			good := c.servers[0]
-			raw := newRawH2(t, c.pki.cert, tc.mode)
+			raw := newRawH2(t, c.pki.Cert, tc.mode)
 			f := rawFirst(t, c, raw)
 
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader([]byte("{}")))
@@ -178,7 +178,7 @@ func TestUnprocessedRequestsGoElsewhereWhateverTheMethod(t *testing.T) {
 func TestPOSTNotReplayedAfterGoAwayCoveringIt(t *testing.T) {
 	c := newCluster(t, 1)
 	good := c.servers[0]
-	raw := newRawH2(t, c.pki.cert, goAwayAfter)
+	raw := newRawH2(t, c.pki.Cert, goAwayAfter)
 	f := rawFirst(t, c, raw)
 
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader([]byte(`{"metadata":{"generateName":"x-"}}`)))
@@ -200,7 +200,7 @@ func TestPOSTWithIdempotencyKeyNotReplayedAfterProcessing(t *testing.T) {
 		t.Run(header, func(t *testing.T) {
 			c := newCluster(t, 1)
 			good := c.servers[0]
-			raw := newRawH2(t, c.pki.cert, closeAfter)
+			raw := newRawH2(t, c.pki.Cert, closeAfter)
 			f := rawFirst(t, c, raw)
 
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "https://"+f.Origin()+"/api/v1/namespaces/default/configmaps", bytes.NewReader([]byte(`{"metadata":{"generateName":"x-"}}`)))

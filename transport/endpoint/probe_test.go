@@ -29,9 +29,9 @@ import (
 func TestProbeWithCredentials(t *testing.T) {
 	pki := newPKI(t)
 	cas := x509.NewCertPool()
-	cas.AddCert(pki.ca)
+	cas.AddCert(pki.CA)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
-		Certificates: []tls.Certificate{pki.cert},
+		Certificates: []tls.Certificate{pki.Cert},
 		ClientAuth:   tls.VerifyClientCertIfGiven,
 		ClientCAs:    cas,
 	})
@@ -50,7 +50,7 @@ func TestProbeWithCredentials(t *testing.T) {
 	addr := ln.Addr().String()
 
 	roots := x509.NewCertPool()
-	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	require.True(t, roots.AppendCertsFromPEM(pki.CAPEM))
 	anon := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	err = anon.Probe(t.Context(), addr)
 	require.True(t, endpoint.IsReadyzError(err), "anonymous probe: %v", err)
@@ -74,10 +74,10 @@ func TestProbeWithCredentials(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "none", byExec.Credentials())
 
-	key, err := x509.MarshalECPrivateKey(pki.client.PrivateKey.(*ecdsa.PrivateKey))
+	key, err := x509.MarshalECPrivateKey(pki.Client.PrivateKey.(*ecdsa.PrivateKey))
 	require.NoError(t, err)
 	byCert, err := anon.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{
-		CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.client.Certificate[0]}),
+		CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pki.Client.Certificate[0]}),
 		KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key}),
 	}})
 	require.NoError(t, err)
@@ -104,10 +104,10 @@ func TestProbeWithCredentials(t *testing.T) {
 func TestProbeTimeoutAfterHandshakeIsReadyzError(t *testing.T) {
 	pki := newPKI(t)
 	roots := x509.NewCertPool()
-	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	require.True(t, roots.AppendCertsFromPEM(pki.CAPEM))
 	pr := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pki.cert}})
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{pki.Cert}})
 	require.NoError(t, err)
 	release := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release })}
@@ -162,10 +162,10 @@ func readyzServer(t testing.TB, addr string, cert tls.Certificate) (string, *[]b
 func TestProbeResumesTLSSessions(t *testing.T) {
 	pki := newPKI(t)
 	roots := x509.NewCertPool()
-	require.True(t, roots.AppendCertsFromPEM(pki.caPEM))
+	require.True(t, roots.AppendCertsFromPEM(pki.CAPEM))
 	pr := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
-	a, resumedA, stopA := readyzServer(t, "127.0.0.1:0", pki.cert)
-	b, resumedB, _ := readyzServer(t, "127.0.0.1:0", pki.cert)
+	a, resumedA, stopA := readyzServer(t, "127.0.0.1:0", pki.Cert)
+	b, resumedB, _ := readyzServer(t, "127.0.0.1:0", pki.Cert)
 	for range 3 {
 		require.NoError(t, pr.Probe(t.Context(), a))
 		require.NoError(t, pr.Probe(t.Context(), b))
@@ -174,7 +174,7 @@ func TestProbeResumesTLSSessions(t *testing.T) {
 	assert.Equal(t, []bool{false, true, true}, *resumedB, "the endpoints share a server name: one cache each")
 
 	stopA()
-	_, _, _ = readyzServer(t, a, pki.wrong) // an impostor on the same address
+	_, _, _ = readyzServer(t, a, pki.Wrong) // an impostor on the same address
 	err := pr.Probe(t.Context(), a)
 	require.ErrorIs(t, err, upstream.ErrCertificate, "a cached session must not vouch for another server")
 }
@@ -191,8 +191,8 @@ func (noSessions) Put(string, *tls.ClientSessionState)        {}
 func BenchmarkProbe(b *testing.B) {
 	pki := newPKI(b)
 	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pki.caPEM)
-	addr, _, _ := readyzServer(b, "127.0.0.1:0", pki.cert)
+	roots.AppendCertsFromPEM(pki.CAPEM)
+	addr, _, _ := readyzServer(b, "127.0.0.1:0", pki.Cert)
 	resumed := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	full := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName, ClientSessionCache: noSessions{}}, Host: originName}
 	probe := func(b *testing.B, p *endpoint.Prober) {
