@@ -27,20 +27,18 @@ type conn struct {
 	up   *endpoint.TrackedConn
 	// upRaw is up's underlying connection: copying between two
 	// *net.TCPConn takes the kernel splice path. Closing goes through up so
-	// the dialer and the pool stop counting it.
+	// the pool stops counting it.
 	upRaw net.Conn
 
 	once   sync.Once
 	halves atomic.Int32 // directions that ended with EOF
-	mu     sync.Mutex   // guards the fields below and the upstream fields
-	// closeAt is the earliest close deadline (half-open, shutdown);
-	// drainAt the drain deadline of its endpoint, which is lifted if the
-	// endpoint recovers. The earlier of the two is set on both sides.
-	closeAt, drainAt time.Time
-	// marked: drained for an endpoint that went down; closed by the
-	// proxy's drain timer (Proxy.expireDrain), not a socket deadline.
-	marked bool
-	closed bool
+	// mu guards the fields below and the upstream fields. Nothing else is
+	// locked while it is held.
+	mu sync.Mutex
+	// closeAt is the earliest close deadline (half-open, shutdown), set
+	// on both sides.
+	closeAt time.Time
+	closed  bool
 }
 
 // attach sets c's upstream. It returns false, closing tc, when c was closed
@@ -53,8 +51,8 @@ func (c *conn) attach(addr string, tc *endpoint.TrackedConn) bool {
 		return false
 	}
 	c.addr, c.up, c.upRaw = addr, tc, tc.NetConn()
-	if d := c.deadlineLocked(); !d.IsZero() {
-		c.upRaw.SetDeadline(d)
+	if !c.closeAt.IsZero() {
+		c.upRaw.SetDeadline(c.closeAt)
 	}
 	c.mu.Unlock()
 	return true
@@ -73,7 +71,12 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 		p.log.V(2).Info("closing the connection without dialing", "client", c.client.RemoteAddr().String(), "err", err.Error())
 		return
 	}
-	seq, round := p.eventSeq(), p.hold.Round()
+	// The registry refuses the connection if its endpoint goes away
+	// after this mark (its event would not see it).
+	mark := p.upstreams.Begin()
+	endMark := sync.OnceFunc(p.upstreams.End)
+	defer endMark()
+	round := p.hold.Round()
 	cands := p.pool.Candidates()
 	up, addr, err := p.dialer.DialAny(ctx, cands)
 	if err != nil {
@@ -96,10 +99,11 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if !c.attach(addr, tc) {
 		return
 	}
-	if !p.register(c, seq) {
+	if !p.upstreams.Add(addr, c, mark) {
 		p.log.V(2).Info("endpoint went down while dialing", "endpoint", addr)
 		return
 	}
+	endMark()
 	p.log.V(4).Info("connected", "client", c.client.RemoteAddr().String(), "endpoint", addr)
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
@@ -165,45 +169,17 @@ func (c *conn) closeBy(t time.Time) {
 	c.applyDeadlineLocked()
 }
 
-// drain is closeBy for the drain of c's endpoint: undrain lifts it.
-func (c *conn) drain(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.drainAt = earliest(c.drainAt, t)
-	c.applyDeadlineLocked()
-}
+// Retire does nothing: a spliced connection takes no new requests to stop
+// (endpoint.Conn).
+func (c *conn) Retire() {}
 
-// markDrained marks c drained for an endpoint that went down.
-func (c *conn) markDrained() {
-	c.mu.Lock()
-	c.marked = true
-	c.mu.Unlock()
-}
-
-func (c *conn) drained() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.marked
-}
-
-// undrain lifts the drain: the endpoint is healthy again.
-func (c *conn) undrain() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.marked = false
-	if c.drainAt.IsZero() {
-		return
-	}
-	c.drainAt = time.Time{}
-	c.applyDeadlineLocked()
-}
-
-func (c *conn) deadlineLocked() time.Time { return earliest(c.closeAt, c.drainAt) }
+// Close closes both sides, for the registry (endpoint.Conn).
+func (c *conn) Close() { c.close() }
 
 // applyDeadlineLocked sets the deadline on both sides; the zero time
 // clears it.
 func (c *conn) applyDeadlineLocked() {
-	d := c.deadlineLocked()
+	d := c.closeAt
 	c.client.SetDeadline(d)
 	if c.upRaw != nil {
 		c.upRaw.SetDeadline(d)
@@ -219,7 +195,7 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // close closes both sides. The upstream is closed through the
-// TrackedConn, which untracks it.
+// TrackedConn, so that the pool stops counting it.
 func (c *conn) close() {
 	c.once.Do(func() {
 		c.mu.Lock()

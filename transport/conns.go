@@ -43,20 +43,20 @@ type connPool struct {
 	log    logr.Logger
 	m      *metrics
 
-	mu      sync.Mutex // guards the fields below
-	conns   map[string][]*clientConn
-	dialing map[string]*dialCall // in-flight dials by first candidate
-	closed  bool
-	// gen counts EventDown and EventRemoved events; goneAt holds, per
-	// endpoint, the count at its latest one. A dial that started before
-	// its endpoint went down or was removed discards its connection
-	// (onEvent closed the others, and would not see this one). Cleared
-	// when no dial is in flight.
-	gen    uint64
-	goneAt map[string]uint64
+	// conns holds the open connections by endpoint and drains or closes
+	// those of an endpoint that goes down or is removed.
+	conns *endpoint.Registry[*clientConn]
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
 	hold endpoint.Holdoff
+
+	// mu guards the fields below and the clientConns' fields it names.
+	// Lock order: mu, then the registry's lock; mu is not held while
+	// calling the pool or a connection's methods (Reserve may run the
+	// state hook, which takes mu).
+	mu      sync.Mutex
+	dialing map[string]*dialCall // in-flight dials by first candidate
+	closed  bool
 }
 
 // clientConn is one connection to one endpoint.
@@ -70,13 +70,6 @@ type clientConn struct {
 	retiring     bool
 	closedByPool bool
 	lastInFlight int
-	// drain closes the connection if its requests are still running when
-	// the drain of its endpoint times out; stopped if the endpoint recovers.
-	drain *time.Timer
-	// keepAlone: the drain is for an endpoint that went down (not one that
-	// was removed): at the deadline the connection stays while no other
-	// endpoint is healthy.
-	keepAlone bool
 }
 
 type dialCall struct {
@@ -97,7 +90,9 @@ type dialPlan struct {
 	conn       net.Conn
 }
 
-func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t *http.Transport, origin string, log logr.Logger, m *metrics) *connPool {
+// newConnPool returns the connection pool; gracefulDrain bounds the drain
+// of a server that fails /readyz but still answers (see endpoint.Registry).
+func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t *http.Transport, origin string, gracefulDrain time.Duration, log logr.Logger, m *metrics) *connPool {
 	p := &connPool{
 		pool:    pool,
 		dialer:  d,
@@ -106,10 +101,13 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t
 		ctx:     ctx,
 		log:     log,
 		m:       m,
-		conns:   make(map[string][]*clientConn),
 		dialing: make(map[string]*dialCall),
-		goneAt:  make(map[string]uint64),
 	}
+	p.conns = endpoint.NewRegistry[*clientConn](endpoint.RegistryConfig{
+		Healthy:       pool.Healthy,
+		GracefulDrain: gracefulDrain,
+		Logger:        log,
+	})
 	t.DialTLSContext = p.dialTLS
 	return p
 }
@@ -138,6 +136,9 @@ func (p *connPool) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 // a few (see upstream.Pool.ReportDialRace).
 func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientConn, error) {
 	for {
+		// A dial started below refuses its connection if its endpoint
+		// goes away after this mark.
+		mark := p.conns.Begin()
 		cands := p.pool.Candidates()
 		if len(exclude) > 0 {
 			kept := cands[:0]
@@ -149,26 +150,32 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			cands = kept
 		}
 		if len(cands) == 0 {
+			p.conns.End()
 			return nil, fmt.Errorf("%w: every endpoint was tried", endpoint.ErrUnreachable)
 		}
 		first := cands[0]
 		if c := p.reserve(first); c != nil {
+			p.conns.End()
 			return c, nil
 		}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
+			p.conns.End()
 			return nil, errClosed
 		}
 		call := p.dialing[first]
 		if call == nil {
 			if err := p.hold.Err(); err != nil && len(exclude) == 0 {
 				p.mu.Unlock()
+				p.conns.End()
 				return nil, err
 			}
 			call = &dialCall{done: make(chan struct{})}
 			p.dialing[first] = call
-			go p.dial(first, cands, len(exclude) == 0, p.hold.Round(), call)
+			go p.dial(first, cands, len(exclude) == 0, p.hold.Round(), mark, call) // ends mark
+		} else {
+			p.conns.End()
 		}
 		p.mu.Unlock()
 		select {
@@ -204,7 +211,7 @@ func (c *clientConn) gotConn(req *http.Request) {
 func (p *connPool) reserve(addr string) *clientConn {
 	p.mu.Lock()
 	var cands []*clientConn
-	for _, c := range p.conns[addr] {
+	for _, c := range p.conns.Conns(addr) {
 		if !c.retiring {
 			cands = append(cands, c)
 		}
@@ -238,28 +245,21 @@ func (p *connPool) reserveConn(c *clientConn) bool {
 		// Closed, or unusable while idle (GOAWAY): drop it.
 		p.mu.Lock()
 		c.closedByPool = true
-		p.removeLocked(c)
 		p.mu.Unlock()
+		p.conns.Remove(c.addr, c)
 		c.cc.Close()
 	}
 	return false
 }
 
-func closeAll(cs []*clientConn) {
-	for _, c := range cs {
-		c.cc.Close()
-	}
-}
-
 // dial opens a connection to the first answering candidate and adds it to
 // the pool. all says whether cands is every endpoint of the pool; round
-// is the holdoff round it belongs to (endpoint.Holdoff.Round).
-func (p *connPool) dial(first string, cands []string, all bool, round uint64, call *dialCall) {
+// is the holdoff round it belongs to (endpoint.Holdoff.Round); mark is the
+// registry's (Registry.Begin), which dial ends.
+func (p *connPool) dial(first string, cands []string, all bool, round, mark uint64, call *dialCall) {
+	defer p.conns.End()
 	plan := &dialPlan{candidates: cands}
 	ctx := context.WithValue(p.ctx, dialPlanKey{}, plan)
-	p.mu.Lock()
-	began := p.gen
-	p.mu.Unlock()
 	cc, err := p.t.NewClientConn(ctx, "https", p.origin)
 	p.mu.Lock()
 	delete(p.dialing, first)
@@ -267,9 +267,11 @@ func (p *connPool) dial(first string, cands []string, all bool, round uint64, ca
 		err = errClosed
 		cc.Close()
 	}
-	gone := err == nil && p.goneAt[plan.addr] > began
-	if len(p.dialing) == 0 {
-		clear(p.goneAt)
+	var c *clientConn
+	gone := false
+	if err == nil {
+		c = &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
+		gone = !p.conns.Add(plan.addr, c, mark)
 	}
 	switch {
 	case err == nil:
@@ -277,15 +279,13 @@ func (p *connPool) dial(first string, cands []string, all bool, round uint64, ca
 	case all && !errors.Is(err, errClosed):
 		p.hold.Failed(round, err)
 	}
-	var c *clientConn
 	switch {
 	case gone:
 		// Its endpoint went down or was removed while it connected; the
 		// waiters look again.
+		c = nil
 		p.log.V(2).Info("discarding a connection whose endpoint went away while it was dialed", "endpoint", plan.addr)
 	case err == nil:
-		c = &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
-		p.conns[plan.addr] = append(p.conns[plan.addr], c)
 		if plan.addr != first {
 			p.m.failover("dial")
 		}
@@ -313,18 +313,20 @@ func (c *clientConn) onState(cc *http.ClientConn) {
 	inflight := cc.InFlight()
 	p.mu.Lock()
 	var lost bool
-	closeNow := false
+	forget, closeNow := false, false
 	switch {
 	case err != nil:
 		lost = !c.closedByPool && c.lastInFlight > 0
-		p.removeLocked(c)
+		forget = true
 	case inflight == 0 && (c.retiring || p.idleLocked(c.addr) > maxIdlePerEndpoint):
 		c.closedByPool = true
-		closeNow = true
-		p.removeLocked(c)
+		forget, closeNow = true, true
 	}
 	c.lastInFlight = inflight
 	p.mu.Unlock()
+	if forget {
+		p.conns.Remove(c.addr, c)
+	}
 	if closeNow {
 		cc.Close()
 	}
@@ -335,7 +337,7 @@ func (c *clientConn) onState(cc *http.ClientConn) {
 
 func (p *connPool) idleLocked(addr string) int {
 	n := 0
-	for _, c := range p.conns[addr] {
+	for _, c := range p.conns.Conns(addr) {
 		if c.cc.InFlight() == 0 {
 			n++
 		}
@@ -343,198 +345,64 @@ func (p *connPool) idleLocked(addr string) int {
 	return n
 }
 
-func (p *connPool) removeLocked(c *clientConn) {
-	c.stopDrainLocked()
-	cs := p.conns[c.addr]
-	for i, x := range cs {
-		if x == c {
-			cs = append(cs[:i], cs[i+1:]...)
-			break
-		}
-	}
-	if len(cs) == 0 {
-		delete(p.conns, c.addr)
-	} else {
-		p.conns[c.addr] = cs
-	}
-}
-
-// closeEndpoint closes every connection to addr at once.
-func (p *connPool) closeEndpoint(addr string) int {
+// Retire makes c take no new requests; it closes once its running requests
+// are done, at once if there are none (endpoint.Conn).
+func (c *clientConn) Retire() {
+	p := c.p
 	p.mu.Lock()
-	cs := p.conns[addr]
-	delete(p.conns, addr)
-	for _, c := range cs {
+	if c.retiring || c.closedByPool {
+		p.mu.Unlock()
+		return
+	}
+	c.retiring = true
+	idle := c.cc.InFlight() == 0
+	if idle {
 		c.closedByPool = true
-		c.stopDrainLocked()
 	}
 	p.mu.Unlock()
-	closeAll(cs)
-	return len(cs)
-}
-
-// retireExcept stops new requests on connections to endpoints other than
-// keep; each closes when its running requests are done.
-func (p *connPool) retireExcept(keep string) {
-	p.retire(func(addr string) bool { return addr != keep })
-}
-
-// retire stops new requests on the connections to the endpoints which
-// matches; each closes when its running requests are done. It returns the
-// connections that are still busy.
-func (p *connPool) retire(which func(addr string) bool) []*clientConn {
-	var idle, busy []*clientConn
-	p.mu.Lock()
-	for addr, cs := range p.conns {
-		if !which(addr) {
-			continue
-		}
-		// A copy: removeLocked shifts p.conns[addr] under the loop.
-		for _, c := range slices.Clone(cs) {
-			if c.retiring {
-				continue
-			}
-			c.retiring = true
-			if c.cc.InFlight() == 0 {
-				c.closedByPool = true
-				idle = append(idle, c)
-				p.removeLocked(c)
-			} else {
-				busy = append(busy, c)
-			}
-		}
+	if idle {
+		p.conns.Remove(c.addr, c)
+		c.cc.Close()
 	}
-	p.mu.Unlock()
-	closeAll(idle)
-	return busy
 }
 
-// gracefulDrain bounds how long requests may go on on the connections to an
-// endpoint that fails /readyz but still answers (a graceful shutdown: the
-// server finishes them and closes the connections itself).
-var gracefulDrain = 10 * time.Second
-
-// drainEndpoint retires the connections to addr and closes those still busy
-// after gracefulDrain, connections retired before included (when another
-// endpoint became preferred, or by a drain lifted when addr recovered). If
-// addr went down (rather than being removed) a connection whose deadline
-// comes while no other endpoint is healthy stays, checked again every
-// drainRecheck: every server failing /readyz at once (etcd unavailable)
-// leaves nowhere better to go, and cutting every client's watches then
-// only adds a reconnection storm. It returns how many are busy.
-func (p *connPool) drainEndpoint(addr string, removed bool) int {
-	p.retire(func(a string) bool { return a == addr })
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	busy := p.conns[addr] // retire closed the idle ones
-	for _, c := range busy {
-		if c.closedByPool {
-			continue
-		}
-		if c.drain == nil {
-			c.keepAlone = !removed
-			p.armDrainLocked(c, gracefulDrain)
-		} else if removed {
-			c.keepAlone = false
-		}
-	}
-	return len(busy)
-}
-
-// drainRecheck is how often a drained connection kept because no other
-// endpoint was healthy is looked at again.
-const drainRecheck = time.Second
-
-func (p *connPool) armDrainLocked(c *clientConn, d time.Duration) {
-	// The callback takes p.mu, so it sees t assigned.
-	var t *time.Timer
-	t = time.AfterFunc(d, func() { p.closeDrained(c, t) })
-	c.drain = t
-}
-
-// closeDrained closes c when t, its drain timer, fired.
-func (p *connPool) closeDrained(c *clientConn, t *time.Timer) {
-	alone := !p.pool.Healthy() // before p.mu: the pool has its own lock
-	p.mu.Lock()
-	if c.drain != t || c.closedByPool { // stopped (and maybe drained again) meanwhile
-		p.mu.Unlock()
-		return
-	}
-	if c.keepAlone && alone && !p.closed {
-		p.armDrainLocked(c, drainRecheck)
-		p.mu.Unlock()
-		p.log.V(2).Info("keeping a drained connection: no other endpoint is healthy", "endpoint", c.addr)
-		return
-	}
-	c.drain = nil
+// Close closes c now, for the pool (endpoint.Conn): its loss is not
+// reported as a failure.
+func (c *clientConn) Close() {
+	c.p.mu.Lock()
 	c.closedByPool = true
-	p.removeLocked(c)
-	p.mu.Unlock()
+	c.p.mu.Unlock()
 	c.cc.Close()
 }
 
-func (c *clientConn) stopDrainLocked() {
-	if c.drain != nil {
-		c.drain.Stop()
-		c.drain = nil
-	}
-}
-
-// undrain lets the busy connections of a drained endpoint that is healthy
-// again finish in their own time: they still take no new requests, but a
-// watch on them is not cut. An etcd hiccup fails every server's /readyz at
-// once; it must not cost every client its watches. A later drain of addr
-// gives them a deadline again.
-func (p *connPool) undrain(addr string) {
-	p.mu.Lock()
-	n := 0
-	for _, c := range p.conns[addr] {
-		if c.drain != nil {
-			c.stopDrainLocked()
-			n++
-		}
-	}
-	p.mu.Unlock()
-	if n > 0 {
-		p.log.Info("endpoint healthy again; its retired connections may finish", "endpoint", addr, "conns", n)
-	}
+// retire stops new requests on the connections to the endpoints which
+// matches; each closes when its running requests are done.
+func (p *connPool) retire(which func(addr string) bool) int {
+	return p.conns.Retire(which)
 }
 
 // onEvent reacts to pool changes.
 func (p *connPool) onEvent(ev upstream.Event) {
 	switch ev.Kind {
 	case upstream.EventDown, upstream.EventRemoved:
-		p.mu.Lock()
-		p.gen++
-		if len(p.dialing) > 0 {
-			p.goneAt[ev.Addr] = p.gen
+		// A server that still answers (typically shutting down
+		// gracefully) is drained: no new requests go there, running
+		// ones finish (a POST cut here could not be retried). The
+		// others' connections are closed at once.
+		out := p.conns.OnEvent(ev)
+		if out.Drained > 0 {
+			p.m.failover("endpoint_draining")
 		}
-		p.mu.Unlock()
-		if endpoint.Graceful(ev) {
-			// The server still answers, typically shutting down
-			// gracefully: no new requests go there, running ones finish
-			// (a POST cut here could not be retried).
-			if n := p.drainEndpoint(ev.Addr, ev.Kind == upstream.EventRemoved); n > 0 {
-				p.m.failover("endpoint_draining")
-				p.log.Info("draining connections to endpoint", "endpoint", ev.Addr, "conns", n, "timeout", gracefulDrain)
-			}
-			return
-		}
-		if n := p.closeEndpoint(ev.Addr); n > 0 {
+		if out.Closed > 0 {
 			p.m.failover("endpoint_" + ev.Kind.String())
-			p.log.Info("closed connections to endpoint", "endpoint", ev.Addr, "reason", ev.Kind.String(), "conns", n)
 		}
-		// Connections that bypass the HTTP pool (rest.Config.Dial users).
-		p.dialer.CloseEndpoint(ev.Addr)
 	case upstream.EventPreferred:
 		if ev.Prev != "" && p.pool.Usable(ev.Prev) {
-			p.retireExcept(ev.Addr)
+			p.retire(func(addr string) bool { return addr != ev.Addr })
 		}
 	case upstream.EventUp, upstream.EventAdded:
 		p.hold.OnEvent(ev)
-		if ev.Kind == upstream.EventUp {
-			p.undrain(ev.Addr)
-		}
+		p.conns.OnEvent(ev)
 	}
 }
 
@@ -542,29 +410,12 @@ func (p *connPool) onEvent(ev upstream.Event) {
 func (p *connPool) close() {
 	p.mu.Lock()
 	p.closed = true
-	var all []*clientConn
-	for _, cs := range p.conns {
-		for _, c := range cs {
-			c.closedByPool = true
-			c.stopDrainLocked()
-		}
-		all = append(all, cs...)
-	}
-	p.conns = make(map[string][]*clientConn)
 	p.mu.Unlock()
-	closeAll(all)
+	p.conns.Close()
 }
 
-// conns returns the number of open connections per endpoint.
-func (p *connPool) openConns() map[string]int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[string]int, len(p.conns))
-	for addr, cs := range p.conns {
-		out[addr] = len(cs)
-	}
-	return out
-}
+// openConns returns the number of open connections per endpoint.
+func (p *connPool) openConns() map[string]int { return p.conns.Counts() }
 
 // newHTTPTransport returns the http.Transport that creates our connections:
 // HTTP/2 when the server offers it (HTTP/1.1 otherwise), with the HTTP/2

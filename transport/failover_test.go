@@ -309,7 +309,6 @@ func TestNotReadyEndpointDrains(t *testing.T) {
 // (a graceful removal).
 func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 	const drain = 2 * time.Second
-	defer transport.SetGracefulDrain(drain)()
 	for _, tc := range []struct {
 		name     string
 		recovers bool
@@ -337,7 +336,7 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 			c := newCluster(t, 2)
 			// Probe timeouts long enough that a slow handshake on a busy
 			// machine does not count as a hung server (which is cut).
-			f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1})
+			f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain})
 			victim := serving(t, c, f)
 			release := make(chan struct{})
 			victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -412,9 +411,8 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 // server is healthy again, it is.
 func TestDrainedStreamKeptWhileNoServerIsHealthy(t *testing.T) {
 	const drain = 1 * time.Second
-	defer transport.SetGracefulDrain(drain)()
 	c := newCluster(t, 2)
-	f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1})
+	f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain})
 	victim := serving(t, c, f)
 	var other *server
 	for _, s := range c.servers {

@@ -45,12 +45,25 @@ func TestMetricsForgetRemovedEndpoints(t *testing.T) {
 
 	gone := c.servers[1].addr
 	require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: gone}}))
-	for _, addr := range []string{gone, f.Origin()} {
-		conn, _, err := f.Dialer().DialAny(t.Context(), []string{addr})
-		require.NoError(t, err)
-		conn.Close()
-		require.Equal(t, 1, seriesOf(t, reg, "apifailover_dial_duration_seconds", addr))
+	// A request dials one of the two; once that one is gone, the next
+	// request dials the other.
+	get := func() error {
+		resp, err := f.HTTPClient().Get("https://" + f.Origin() + "/version")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
 	}
+	require.NoError(t, get())
+	first, second := c.servers[0], c.servers[1]
+	if seriesOf(t, reg, "apifailover_dial_duration_seconds", first.addr) == 0 {
+		first, second = second, first
+	}
+	require.Equal(t, 1, seriesOf(t, reg, "apifailover_dial_duration_seconds", first.addr))
+	first.kill()
+	require.Eventually(t, func() bool {
+		return get() == nil && seriesOf(t, reg, "apifailover_dial_duration_seconds", second.addr) == 1
+	}, 10*time.Second, 10*time.Millisecond, "no dial to the other endpoint")
 
 	require.NoError(t, f.Pool().Set(upstream.SourceDiscovery, nil))
 	require.False(t, f.Pool().Has(gone))

@@ -81,6 +81,6 @@ func (r *tlsReactor) run(ctx context.Context) {
 // once its running requests are done, so that new requests handshake with
 // the current client certificate.
 func (r *tlsReactor) retire() {
-	busy := r.conns.retire(func(string) bool { return true })
-	r.log.Info("client certificate changed: retiring connections", "busy", len(busy))
+	n := r.conns.retire(func(string) bool { return true })
+	r.log.Info("client certificate changed: retiring connections", "conns", n)
 }

@@ -77,6 +77,14 @@ type Options struct {
 	// DefaultMaxAttempts (3).
 	MaxAttempts int
 
+	// GracefulDrainTimeout bounds how long requests (a watch) may go on
+	// on the connections to a server that fails /readyz but still
+	// answers, or leaves discovery while healthy: a server shutting down
+	// gracefully finishes them and closes the connections itself. Those
+	// connections take no new requests. A drain lifts if the server is
+	// healthy again in time, and outlasts its deadline while no server is
+	// healthy. If zero, endpoint.DefaultGracefulDrain (10s).
+	GracefulDrainTimeout time.Duration
 	// TLSReloadInterval is how often the rest.Config's CAFile, CertFile
 	// and KeyFile are checked for change (content, not time stamps): a new
 	// CA is used for the next handshakes and endpoints quarantined for
@@ -223,7 +231,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
 	ht := newHTTPTransport(tlsCfg.Clone(), endpoint.OrDefault(opts.PingInterval, DefaultPingInterval), endpoint.OrDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
-	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.Logger, m)
+	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.GracefulDrainTimeout, opts.Logger, m)
 	unsubscribe := f.pool.Subscribe(f.conns.onEvent)
 
 	maxAttempts := opts.MaxAttempts
@@ -306,10 +314,6 @@ func (f *Failover) HTTPClient() *http.Client { return f.client }
 
 // Pool returns the endpoint pool, for status and metrics.
 func (f *Failover) Pool() *upstream.Pool { return f.pool }
-
-// Dialer returns the failover dialer (for rest.Config.Dial and other raw
-// uses); connections it makes are closed when their endpoint goes down.
-func (f *Failover) Dialer() *endpoint.Dialer { return f.dialer }
 
 // Origin returns the origin host:port all requests are addressed to.
 func (f *Failover) Origin() string { return f.origin }

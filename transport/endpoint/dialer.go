@@ -31,8 +31,8 @@ var ErrUnreachable = errors.New("no endpoint could be reached")
 
 // Dialer connects to the best endpoints of a pool: staggered parallel
 // attempts in candidate order, first to connect wins, the rest are closed.
-// Connections are tracked per endpoint so that the connections of an
-// endpoint that goes down or is removed can be closed at once.
+// The pool counts the connections it opens (upstream.Pool.ConnOpened) until
+// they are closed; the front ends keep them by endpoint in a Registry.
 type Dialer struct {
 	// Pool supplies the candidates and receives passive failures.
 	Pool *upstream.Pool
@@ -66,9 +66,6 @@ type Dialer struct {
 	// Logger receives one line per failed attempt at V(2). The zero value
 	// discards.
 	Logger logr.Logger
-
-	mu    sync.Mutex                           // guards conns
-	conns map[string]map[*TrackedConn]struct{} // open connections by endpoint
 }
 
 func (d *Dialer) staggerDelay() time.Duration {
@@ -87,12 +84,12 @@ func OrDefault(v, def time.Duration) time.Duration {
 	return v
 }
 
-// TrackedConn is a connection to one endpoint, counted by the Dialer and the
-// pool until it is closed.
+// TrackedConn is a connection to one endpoint, counted by the pool until it
+// is closed.
 type TrackedConn struct {
 	net.Conn
 	addr  string
-	d     *Dialer
+	pool  *upstream.Pool
 	once  sync.Once
 	close error
 }
@@ -104,79 +101,18 @@ func (c *TrackedConn) Endpoint() string { return c.addr }
 // splicing.
 func (c *TrackedConn) NetConn() net.Conn { return c.Conn }
 
-// Close closes the connection and stops tracking it.
+// Close closes the connection; the pool stops counting it.
 func (c *TrackedConn) Close() error {
 	c.once.Do(func() {
 		c.close = c.Conn.Close()
-		c.d.untrack(c)
+		c.pool.ConnClosed(c.addr)
 	})
 	return c.close
 }
 
 func (d *Dialer) track(addr string, nc net.Conn) *TrackedConn {
-	c := &TrackedConn{Conn: nc, addr: addr, d: d}
-	d.mu.Lock()
-	if d.conns == nil {
-		d.conns = make(map[string]map[*TrackedConn]struct{})
-	}
-	m := d.conns[addr]
-	if m == nil {
-		m = make(map[*TrackedConn]struct{})
-		d.conns[addr] = m
-	}
-	m[c] = struct{}{}
-	d.mu.Unlock()
 	d.Pool.ConnOpened(addr)
-	return c
-}
-
-func (d *Dialer) untrack(c *TrackedConn) {
-	d.mu.Lock()
-	if m := d.conns[c.addr]; m != nil {
-		delete(m, c)
-		if len(m) == 0 {
-			delete(d.conns, c.addr)
-		}
-	}
-	d.mu.Unlock()
-	d.Pool.ConnClosed(c.addr)
-}
-
-// CloseEndpoint closes every tracked connection to addr and returns how many
-// it closed.
-func (d *Dialer) CloseEndpoint(addr string) int {
-	d.mu.Lock()
-	conns := make([]*TrackedConn, 0, len(d.conns[addr]))
-	for c := range d.conns[addr] {
-		conns = append(conns, c)
-	}
-	d.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
-	return len(conns)
-}
-
-// OpenConns returns the number of tracked connections per endpoint.
-func (d *Dialer) OpenConns() map[string]int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]int, len(d.conns))
-	for addr, m := range d.conns {
-		out[addr] = len(m)
-	}
-	return out
-}
-
-// DialContext connects to the pool's best endpoint, ignoring address: it is
-// meant for rest.Config.Dial and other places that dial "the API server".
-// network must be a TCP network.
-func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	conn, _, err := d.DialAny(ctx, d.Pool.Candidates())
-	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", address, err)
-	}
-	return conn, nil
+	return &TrackedConn{Conn: nc, addr: addr, pool: d.Pool}
 }
 
 type dialResult struct {

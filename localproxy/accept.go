@@ -1,0 +1,123 @@
+package localproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// Accept backoff after errors such as EMFILE: doubling from min to max.
+const (
+	minAcceptBackoff = 5 * time.Millisecond
+	maxAcceptBackoff = time.Second
+	// acceptStuckAfter: a listener whose Accept has failed for this long
+	// without a single success fails /healthz, so that a supervisor
+	// (kubelet's liveness probe, systemd's watchdog script) restarts a
+	// proxy that can no longer take clients.
+	acceptStuckAfter = 30 * time.Second
+)
+
+// acceptFailure is a run of failed Accepts on one listener.
+type acceptFailure struct {
+	addr  string
+	since time.Time
+	mu    sync.Mutex // guards err
+	err   error      // the latest
+}
+
+func (f *acceptFailure) setErr(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
+
+// stuckAccepting returns an error naming a listener whose Accept has
+// failed for acceptStuckAfter or longer without a success, nil if none.
+func (p *Proxy) stuckAccepting(now time.Time) error {
+	var stuck error
+	p.acceptFailing.Range(func(_, v any) bool {
+		f := v.(*acceptFailure)
+		if d := now.Sub(f.since); d >= acceptStuckAfter {
+			f.mu.Lock()
+			stuck = fmt.Errorf("accepting on %s has failed for %v: %w", f.addr, d.Round(time.Second), f.err)
+			f.mu.Unlock()
+			return false
+		}
+		return true
+	})
+	return stuck
+}
+
+// acceptLoop accepts clients until ln is closed. Errors such as EMFILE
+// (out of file descriptors) back off, doubling up to a second, and the
+// loop goes on: the pending connections wait in the listen backlog.
+func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
+	defer p.accepting.Add(-1)
+	defer p.acceptFailing.Delete(ln)
+	var delay time.Duration
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if delay == 0 {
+				p.acceptFailing.Store(ln, &acceptFailure{addr: ln.Addr().String(), since: time.Now(), err: err})
+			} else if f, ok := p.acceptFailing.Load(ln); ok {
+				f.(*acceptFailure).setErr(err)
+			}
+			delay = min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
+			p.m.acceptErrors.Inc()
+			p.log.V(1).Info("accept failed; backing off", "addr", ln.Addr().String(), "err", err.Error(), "delay", delay)
+			if timer == nil {
+				timer = time.NewTimer(delay)
+			} else {
+				timer.Reset(delay)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+			continue
+		}
+		if delay != 0 {
+			p.acceptFailing.Delete(ln)
+			delay = 0
+		}
+		p.m.accepted.Inc()
+		if max := p.cfg.MaxConnections; max > 0 && p.active.Load() >= int64(max) {
+			p.m.rejected.WithLabelValues("max_connections").Inc()
+			p.log.V(2).Info("too many connections; closing", "client", nc.RemoteAddr().String(), "max", max)
+			nc.Close()
+			continue
+		}
+		c := &conn{p: p, client: nc}
+		p.active.Add(1)
+		p.m.active.Inc()
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		handlers.Go(func() { p.serve(connCtx, c) })
+	}
+}
+
+func (p *Proxy) forget(c *conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	if c.addr != "" {
+		p.upstreams.Remove(c.addr, c)
+	}
+	p.active.Add(-1)
+	p.m.active.Dec()
+}

@@ -1,0 +1,248 @@
+package endpoint_test
+
+import (
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// fakeConn is a connection with a running request (busy) or none.
+type fakeConn struct {
+	r       *endpoint.Registry[*fakeConn]
+	addr    string
+	busy    bool
+	retired atomic.Bool
+	closed  atomic.Bool
+}
+
+func (c *fakeConn) Retire() {
+	c.retired.Store(true)
+	if !c.busy {
+		c.closed.Store(true)
+		c.r.Remove(c.addr, c)
+	}
+}
+
+func (c *fakeConn) Close() { c.closed.Store(true) }
+
+type registryBed struct {
+	r       *endpoint.Registry[*fakeConn]
+	healthy atomic.Bool
+}
+
+func newRegistryBed(cfg endpoint.RegistryConfig) *registryBed {
+	b := &registryBed{}
+	b.healthy.Store(true)
+	cfg.Healthy = b.healthy.Load
+	b.r = endpoint.NewRegistry[*fakeConn](cfg)
+	return b
+}
+
+func (b *registryBed) add(t *testing.T, addr string, busy bool) *fakeConn {
+	t.Helper()
+	c := &fakeConn{r: b.r, addr: addr, busy: busy}
+	mark := b.r.Begin()
+	defer b.r.End()
+	require.True(t, b.r.Add(addr, c, mark))
+	return c
+}
+
+const a, other = "10.0.0.1:6443", "10.0.0.2:6443"
+
+var (
+	hardDown     = upstream.Event{Kind: upstream.EventDown, Addr: a, Err: errors.New("connection refused")}
+	gracefulDown = upstream.Event{Kind: upstream.EventDown, Addr: a, Err: &endpoint.ReadyzError{Status: 500}}
+	removed      = upstream.Event{Kind: upstream.EventRemoved, Addr: a, State: upstream.StateHealthy}
+	up           = upstream.Event{Kind: upstream.EventUp, Addr: a}
+)
+
+func TestRegistryClosesAtOnceWithoutDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{})
+		c1, c2, keep := b.add(t, a, true), b.add(t, a, false), b.add(t, other, true)
+		out := b.r.OnEvent(hardDown)
+		assert.Equal(t, endpoint.Outcome{Closed: 2}, out)
+		assert.True(t, c1.closed.Load())
+		assert.True(t, c2.closed.Load())
+		assert.False(t, c1.retired.Load(), "closed, not retired")
+		assert.False(t, keep.closed.Load())
+		assert.Equal(t, map[string]int{other: 1}, b.r.Counts())
+	})
+}
+
+func TestRegistryDrainsGracefulDownUntilDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{GracefulDrain: 10 * time.Second})
+		busy, idle := b.add(t, a, true), b.add(t, a, false)
+		start := time.Now()
+		out := b.r.OnEvent(gracefulDown)
+		assert.Equal(t, 2, out.Drained)
+		assert.Equal(t, start.Add(10*time.Second), out.Deadline)
+		assert.True(t, busy.retired.Load())
+		assert.True(t, idle.closed.Load(), "an idle retired connection closes at once")
+		assert.Equal(t, 1, b.r.Len(a))
+
+		time.Sleep(10*time.Second - time.Nanosecond)
+		synctest.Wait()
+		assert.False(t, busy.closed.Load(), "cut before the deadline")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.True(t, busy.closed.Load(), "not cut at the deadline")
+		assert.Zero(t, b.r.Len(a))
+	})
+}
+
+func TestRegistryDrainTimeoutAppliesToHardFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{DrainTimeout: 3 * time.Second})
+		c := b.add(t, a, true)
+		out := b.r.OnEvent(hardDown)
+		assert.Equal(t, 1, out.Drained)
+		time.Sleep(3*time.Second - time.Nanosecond)
+		synctest.Wait()
+		assert.False(t, c.closed.Load())
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.True(t, c.closed.Load())
+
+		// A graceful failure drains for the longer of the two.
+		c = b.add(t, a, true)
+		b.r.OnEvent(gracefulDown)
+		time.Sleep(endpoint.DefaultGracefulDrain - time.Nanosecond)
+		synctest.Wait()
+		assert.False(t, c.closed.Load())
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.True(t, c.closed.Load())
+	})
+}
+
+func TestRegistryKeepsDrainedConnsWhileNoEndpointIsHealthy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{GracefulDrain: 2 * time.Second})
+		c := b.add(t, a, true)
+		b.healthy.Store(false)
+		b.r.OnEvent(gracefulDown)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		assert.False(t, c.closed.Load(), "cut while no endpoint is healthy")
+
+		b.healthy.Store(true)
+		time.Sleep(endpoint.DefaultDrainRecheck)
+		synctest.Wait()
+		assert.True(t, c.closed.Load(), "not cut within a recheck of another endpoint being healthy")
+	})
+}
+
+func TestRegistryRemovedIsCutAtDeadlineWhateverIsHealthy(t *testing.T) {
+	for name, events := range map[string][]upstream.Event{
+		"removed":                {removed},
+		"down, then removed":     {gracefulDown, removed},
+		"down, removed 1s later": {gracefulDown, {}, removed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newRegistryBed(endpoint.RegistryConfig{GracefulDrain: 2 * time.Second})
+				c := b.add(t, a, true)
+				b.healthy.Store(false)
+				start := time.Now()
+				for _, ev := range events {
+					if ev.Kind == 0 && ev.Addr == "" {
+						time.Sleep(time.Second)
+						continue
+					}
+					b.r.OnEvent(ev)
+				}
+				// The first drain's deadline stands.
+				time.Sleep(time.Until(start.Add(2*time.Second)) - time.Nanosecond)
+				synctest.Wait()
+				assert.False(t, c.closed.Load())
+				time.Sleep(time.Nanosecond)
+				synctest.Wait()
+				assert.True(t, c.closed.Load(), "a removed endpoint's connections are cut at the deadline")
+			})
+		})
+	}
+}
+
+func TestRegistryRecoveryLiftsTheDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{GracefulDrain: 2 * time.Second})
+		c := b.add(t, a, true)
+		b.r.OnEvent(gracefulDown)
+		time.Sleep(time.Second)
+		out := b.r.OnEvent(up)
+		assert.Equal(t, 1, out.Undrained)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		assert.False(t, c.closed.Load(), "cut although its endpoint recovered")
+		assert.True(t, c.retired.Load(), "still retired")
+		assert.Equal(t, []endpoint.EndpointConns{{Addr: a, Conns: 1}}, b.r.Endpoints(func(string) bool { return true }))
+
+		// Drained again: a new deadline.
+		out = b.r.OnEvent(gracefulDown)
+		assert.Equal(t, []endpoint.EndpointConns{{Addr: a, Conns: 1, DrainBy: out.Deadline}}, b.r.Endpoints(func(string) bool { return true }))
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		assert.True(t, c.closed.Load())
+	})
+}
+
+func TestRegistryHardDownCutsADrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{})
+		c := b.add(t, a, true)
+		b.r.OnEvent(gracefulDown)
+		assert.False(t, c.closed.Load())
+		hard := upstream.Event{Kind: upstream.EventRemoved, Addr: a, State: upstream.StateUnhealthy}
+		assert.Equal(t, endpoint.Outcome{Closed: 1}, b.r.OnEvent(hard))
+		assert.True(t, c.closed.Load())
+	})
+}
+
+func TestRegistryRefusesConnDialedBeforeItsEndpointWentAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{})
+		mark := b.r.Begin()
+		b.r.OnEvent(hardDown)
+		late := b.r.Begin()
+		assert.False(t, b.r.Add(a, &fakeConn{}, mark), "dialed before the endpoint went down")
+		assert.True(t, b.r.Add(other, &fakeConn{}, mark), "another endpoint")
+		assert.True(t, b.r.Add(a, &fakeConn{}, late), "dialed after")
+		b.r.End()
+		b.r.End()
+		// No dial runs: the next mark starts clean.
+		mark = b.r.Begin()
+		defer b.r.End()
+		assert.True(t, b.r.Add(a, &fakeConn{}, mark))
+	})
+}
+
+func TestRegistryStopDrainsAndClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newRegistryBed(endpoint.RegistryConfig{GracefulDrain: time.Second})
+		c := b.add(t, a, true)
+		o := b.add(t, other, true)
+		b.r.OnEvent(gracefulDown)
+		b.r.StopDrains()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		assert.False(t, c.closed.Load(), "a stopped drain closed a connection")
+
+		b.r.Close()
+		assert.True(t, c.closed.Load())
+		assert.True(t, o.closed.Load())
+		assert.Empty(t, b.r.Counts())
+		mark := b.r.Begin()
+		defer b.r.End()
+		assert.False(t, b.r.Add(a, &fakeConn{}, mark), "added after Close")
+	})
+}
