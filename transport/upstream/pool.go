@@ -540,6 +540,9 @@ func (p *Pool) flush() {
 	p.mu.Unlock()
 }
 
+// ErrNoEndpoints is returned when the pool has no endpoint at all.
+var ErrNoEndpoints = errors.New("no endpoints configured")
+
 // Pick returns the endpoint to try first. It fails only when the pool is
 // empty.
 func (p *Pool) Pick() (string, error) {
