@@ -56,7 +56,10 @@ type CacheConfig struct {
 //
 // A Cache is safe for concurrent use.
 type Cache struct {
-	mu   sync.Mutex // guards core
+	// mu guards core. It is innermost: the cache calls out to nothing
+	// while holding it, and Learner takes it only with its own lock
+	// released.
+	mu   sync.Mutex
 	core cache
 }
 

@@ -56,8 +56,14 @@ type ClientConfig struct {
 type Learner struct {
 	cfg ClientConfig
 
-	mu      sync.Mutex // guards applied
-	applied []string   // the alternatives last given to Update, sorted
+	// mu guards applied and is held while ClientConfig.Update runs, so
+	// that updates reach it one at a time and in order. Update must not
+	// call back into the Learner (nor send a request through one of its
+	// RoundTrippers). Update usually sets an endpoint pool, whose
+	// subscribers then run with mu held: they must not call the Learner
+	// either. The Cache and Admit are called with mu released.
+	mu      sync.Mutex
+	applied []string // the alternatives last given to Update, sorted
 }
 
 // NewLearner validates cfg and returns a Learner.

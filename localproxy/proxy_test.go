@@ -452,7 +452,10 @@ func TestNoEndpointAcceptsClosesClient(t *testing.T) {
 
 // While every endpoint refuses, clients that reconnect in a loop (kubelet,
 // kubectl retries) do not each make a round of dials: for a holdoff after a
-// failed round the proxy closes them without dialing.
+// failed round the proxy closes them without dialing. The assertions count,
+// whatever the machine's speed: how many rounds a holdoff allows per client
+// rate is TestHoldoffBoundsRoundsWhateverTheRequestRate (transport/endpoint),
+// on a simulated clock.
 func TestDialsHeldOffWhileEveryEndpointRefuses(t *testing.T) {
 	var dead []string
 	for range 2 {
@@ -469,25 +472,29 @@ func TestDialsHeldOffWhileEveryEndpointRefuses(t *testing.T) {
 		}
 		return n
 	}
+	rejected := func(reason string) float64 {
+		return metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", reason)
+	}
 	begin := time.Now()
 	clients := 0
-	// Enough clients to tell a holdoff from none, however slow the machine.
 	for time.Since(begin) < 3*endpoint.DefaultHoldoff || clients < 30 {
 		c := dial(t, r.addr())
 		require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, time.Millisecond, "a client with no endpoint to go to is closed")
 		clients++
 	}
-	elapsed := time.Since(begin)
-	rounds := dials() / float64(len(dead))
-	held := metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "holdoff")
-	t.Logf("%d clients in %v: %.1f rounds of dials, %.0f closed without dialing", clients, elapsed, rounds, held)
-	assert.LessOrEqual(t, rounds, float64(elapsed/endpoint.DefaultHoldoff)+2, "dials must not follow the client connection rate")
-	assert.Greater(t, float64(clients), 3*rounds, "too few clients to tell a holdoff from none")
-	assert.Equal(t, float64(clients), held+metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "no_endpoint"))
+	rounds, held := rejected("no_endpoint"), rejected("holdoff")
+	t.Logf("%d clients in %v: %.0f rounds of dials, %.0f closed without dialing", clients, time.Since(begin), rounds, held)
+	assert.Equal(t, float64(clients), held+rounds, "every client is closed, held off or after a round of dials")
+	assert.Equal(t, rounds*float64(len(dead)), dials(), "only clients outside a holdoff dial, each endpoint once")
+	assert.Positive(t, held, "dials must not follow the client connection rate: no client was held off")
+	assert.Less(t, rounds, float64(clients), "dials must not follow the client connection rate")
 }
 
 // An endpoint that comes back ends the holdoff at once: the next client is
-// proxied without waiting for it to expire.
+// proxied without waiting for it to expire. That it ends at once, not when
+// it runs out, is TestHoldoffEndsAtOnceWhenAnEndpointComesBack
+// (transport/endpoint), on a simulated clock; this test checks that the
+// proxy's holdoff hears of the endpoint coming back.
 func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -514,8 +521,9 @@ func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	pr.set(addr, nil)
 	require.Eventually(t, func() bool { return r.Pool().Status()[0].State == upstream.StateHealthy }, 5*time.Second, time.Millisecond)
 	require.NoError(t, roundTrip(dial(t, r.addr()), "back"))
-	since := time.Since(failedAt)
-	assert.Less(t, since, endpoint.DefaultHoldoff, "the client came after the holdoff: nothing was tested")
+	if since := time.Since(failedAt); since >= endpoint.DefaultHoldoff {
+		t.Skipf("the client came %v after the last failure, after the holdoff had run out: nothing was tested (the machine is slow)", since)
+	}
 }
 
 func TestRestartRebindsAtOnce(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,7 +95,10 @@ func dialAttempts(t *testing.T, reg *prometheus.Registry) int {
 }
 
 // While every endpoint is down, requests fail at once from the last failed
-// round for FailedDialHoldoff instead of each dialing every endpoint.
+// round for FailedDialHoldoff instead of each dialing every endpoint. The
+// assertions count, whatever the machine's speed: how many rounds a holdoff
+// allows per request rate is TestHoldoffBoundsRoundsWhateverTheRequestRate
+// (transport/endpoint), on a simulated clock.
 func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 	c := newCluster(t, 2)
 	reg := prometheus.NewRegistry()
@@ -103,22 +107,39 @@ func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 	for _, s := range c.servers {
 		s.kill()
 	}
-	before := dialAttempts(t, reg)
 	start := time.Now()
-	requests := 0
-	for time.Since(start) < 3*endpoint.DefaultHoldoff {
+	requests, held, rounds := 0, 0, 0
+	for time.Since(start) < 3*endpoint.DefaultHoldoff || requests < 30 {
+		before := dialAttempts(t, reg)
 		_, err := get(t, f, "/api")
 		require.ErrorIs(t, err, endpoint.ErrUnreachable)
 		requests++
+		dials := dialAttempts(t, reg) - before
+		if isHeldOff(err) {
+			held++
+			require.Zero(t, dials, "request %d was held off but dialed: %v", requests, err)
+			continue
+		}
+		rounds++
+		// The first may fail on its broken connection first, and then
+		// dial only the other endpoints.
+		require.LessOrEqual(t, dials, len(c.servers), "request %d made more than one round of connection attempts: %v", requests, err)
 	}
-	elapsed := time.Since(start)
-	rounds := float64(dialAttempts(t, reg)-before) / float64(len(c.servers))
-	t.Logf("%d requests in %v, %.1f rounds of connection attempts", requests, elapsed, rounds)
-	assert.LessOrEqual(t, rounds, float64(elapsed/endpoint.DefaultHoldoff)+2, "connection attempts must not follow the request rate")
-	assert.Greater(t, float64(requests), 3*rounds)
+	t.Logf("%d requests in %v: %d rounds of connection attempts, %d held off", requests, time.Since(start), rounds, held)
+	assert.Positive(t, held, "connection attempts must not follow the request rate: no request was held off")
+	assert.Less(t, rounds, requests, "connection attempts must not follow the request rate")
 }
 
-// An endpoint that comes back ends the holdoff at once.
+// isHeldOff reports whether err is a holdoff's (endpoint.Holdoff.Err): the
+// failure of the last round, repeated without dialing.
+func isHeldOff(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "next attempt in")
+}
+
+// An endpoint that comes back ends the holdoff at once. That it ends at
+// once, not when it runs out, is TestHoldoffEndsAtOnceWhenAnEndpointComesBack
+// (transport/endpoint), on a simulated clock; this test checks that the
+// transport's holdoff hears of the endpoint coming back.
 func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	c := newCluster(t, 1)
 	s := c.servers[0]
@@ -139,7 +160,9 @@ func TestHoldoffEndsWhenAnEndpointComesBack(t *testing.T) {
 	_, err := get(t, f, "/api")
 	since := time.Since(failedAt)
 	require.NoError(t, err, "request %v after the last failure, the endpoint being healthy again", since)
-	assert.Less(t, since, endpoint.DefaultHoldoff, "the request came after the holdoff: nothing was tested")
+	if since >= endpoint.DefaultHoldoff {
+		t.Skipf("the request came %v after the last failure, after the holdoff had run out: nothing was tested (the machine is slow)", since)
+	}
 }
 
 // restartAt serves again on addr, like a restarted API server.

@@ -24,6 +24,9 @@ type Holdoff struct {
 	// DefaultHoldoff; if negative, there is none.
 	Duration time.Duration
 
+	// mu guards the fields below. Holdoff calls nothing while holding it,
+	// so it may be called with any other lock held, and OnEvent from pool
+	// event delivery.
 	mu     sync.Mutex
 	failed error // of the last round that failed on every endpoint
 	at     time.Time

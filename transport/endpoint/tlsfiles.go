@@ -32,7 +32,13 @@ type fileWatch struct {
 	// parse turns the files' contents into the value kept.
 	parse func(contents [][]byte) (any, error)
 
-	mu      sync.Mutex // guards the fields below
+	// mu guards the fields below. check holds it while it reads and parses
+	// the files (small, and read at most once per interval), never while
+	// it logs or runs the subscribers: they may call current and subscribe,
+	// and may take other locks (the L4 proxy's resets the pool's
+	// quarantines: Pool.mu, then pool events). Nothing else is locked
+	// under mu.
+	mu      sync.Mutex
 	checked time.Time
 	sum     [sha256.Size]byte // of the contents last parsed, good or bad
 	value   any

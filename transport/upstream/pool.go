@@ -152,7 +152,18 @@ type Pool struct {
 	// Unix nanoseconds; zero before the first round.
 	active atomic.Int64
 
-	mu sync.Mutex // guards the fields below
+	// mu guards the fields below and every endpoint's fields. It is the
+	// innermost lock: while holding it the pool calls no code outside this
+	// package but its Logger (which must not call back into the pool). It
+	// is released before subscribers run (flush), before probes run
+	// (probeRound copies the jobs out) and before Config.IsLocal runs (Set
+	// calls it first). Callers may hold locks of their own while they call
+	// the pool, with one exception: Set, ResetQuarantine, ReportSuccess,
+	// ReportFailure and ReportDialRace (and Pick and Candidates when a slow
+	// demotion ran out) deliver the events they cause on the calling
+	// goroutine, so their callers must not hold a lock that a subscriber
+	// takes.
+	mu sync.Mutex
 	// eps holds every endpoint by canonical address.
 	eps map[string]*endpoint
 	// order is eps sorted best first; rebuilt when dirty.
@@ -539,6 +550,9 @@ func (p *Pool) flush() {
 	p.delivering = false
 	p.mu.Unlock()
 }
+
+// ErrNoEndpoints is returned when the pool has no endpoint at all.
+var ErrNoEndpoints = errors.New("no endpoints configured")
 
 // Pick returns the endpoint to try first. It fails only when the pool is
 // empty.

@@ -433,7 +433,7 @@ func TestResetQuarantine(t *testing.T) {
 }
 
 // TestSuspectOnlyBeforeFall shows that Status.Suspect is set on an endpoint
-// that is already unhealthy. Status.Suspect is documented (endpoint.go:116-117)
+// that is already unhealthy. Status.Suspect is documented (state.go)
 // as "the most recent observation failed, but not yet Fall in a row", and
 // setStateLocked clears it on the way down (pool.go:384), but observeLocked
 // sets it again on every later failure (pool.go:345-348), so /status shows
