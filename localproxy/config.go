@@ -87,9 +87,17 @@ type Config struct {
 	// sets SO_REUSEADDR, so a restarted proxy rebinds at once).
 	Listen func(ctx context.Context, network, address string) (net.Listener, error)
 
-	// Pool configures the endpoint pool: prober, probe interval and
-	// timeout, rise, fall, zone. Its Logger defaults to Logger. With a nil
-	// Prober only passive signals (failed dials) change health.
+	// Probe, if set, configures the active health checks: New builds an
+	// *endpoint.Prober from it (endpoint.NewProber) for the pool, and
+	// Proxy.Prober returns it. Its Logger defaults to Logger. With
+	// ProxyProtocol set and no DialContext of its own, its probes send the
+	// LOCAL header (see ProbeDialer). Not together with Pool.Prober.
+	Probe *endpoint.ProbeConfig
+	// Pool configures the endpoint pool: probe interval and timeout, rise,
+	// fall, zone. Its Logger defaults to Logger. Its Prober, if set, is
+	// used as given instead of one built from Probe (e.g. a fake in
+	// tests): ProxyProtocol does not change its dials. With neither Probe
+	// nor Pool.Prober, only passive signals (failed dials) change health.
 	Pool upstream.Config
 
 	// Discovery, if set, is the client configuration for watching the
@@ -132,9 +140,9 @@ type Config struct {
 	MaxConnections int
 	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
 	// addresses to upstreams, for endpoints behind a shared proxy that
-	// routes by SNI and requires the header. Health probes of a
-	// *endpoint.Prober without a DialContext of its own then send the
-	// LOCAL header (see ProbeDialer), so those endpoints accept them too.
+	// routes by SNI and requires the header. Health probes built from
+	// Probe without a DialContext of its own then send the LOCAL header
+	// (see ProbeDialer), so those endpoints accept them too.
 	ProxyProtocol ProxyProtocol
 
 	// KeepAlive is the TCP keepalive idle time and interval of client
@@ -154,6 +162,9 @@ type Config struct {
 	// Logger receives state changes and errors; per-connection lines at
 	// V(4). The zero value discards.
 	Logger logr.Logger
+
+	// prober is the Prober built from Probe by setDefaults, nil if none.
+	prober *endpoint.Prober
 }
 
 func (c *Config) setDefaults() error {
@@ -202,12 +213,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("localproxy: %w", err)
 	}
 	c.ProxyProtocol = pp
-	if pr, ok := c.Pool.Prober.(*endpoint.Prober); ok && c.ProxyProtocol != ProxyProtocolNone && pr.DialContext == nil {
-		dial, err := ProbeDialer(c.ProxyProtocol)
-		if err != nil {
-			return fmt.Errorf("localproxy: %w", err)
-		}
-		c.Pool.Prober = pr.WithDialContext(dial)
+	if err := c.buildProber(); err != nil {
+		return err
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
@@ -215,3 +222,36 @@ func (c *Config) setDefaults() error {
 	}
 	return nil
 }
+
+// buildProber builds the Prober of Probe, with the PROXY protocol dialer
+// and the logger filled in, and hands it to the pool.
+func (c *Config) buildProber() error {
+	if c.Probe == nil {
+		return nil
+	}
+	if c.Pool.Prober != nil {
+		return errors.New("localproxy: Probe and Pool.Prober are both set; want one of them")
+	}
+	pc := *c.Probe
+	if pc.DialContext == nil && c.ProxyProtocol != ProxyProtocolNone {
+		dial, err := ProbeDialer(c.ProxyProtocol)
+		if err != nil {
+			return fmt.Errorf("localproxy: %w", err)
+		}
+		pc.DialContext = dial
+	}
+	if pc.Logger.GetSink() == nil {
+		pc.Logger = c.Logger.WithName("probe")
+	}
+	pr, err := endpoint.NewProber(pc)
+	if err != nil {
+		return fmt.Errorf("localproxy: %w", err)
+	}
+	c.prober, c.Pool.Prober = pr, pr
+	return nil
+}
+
+// Prober returns the Prober New built from Config.Probe, or nil if there
+// is none (a Config.Pool.Prober is not one). Its methods answer for nil:
+// Credentials says "none", OnCAChange does nothing.
+func (p *Proxy) Prober() *endpoint.Prober { return p.cfg.prober }

@@ -70,7 +70,7 @@ func localHeader(v ProxyProtocol) ([]byte, error) {
 // endpoint.Prober.DialContext) that sends v's LOCAL header on each new
 // connection, so that endpoints behind a proxy requiring the PROXY
 // protocol accept probes as they accept proxied clients. New uses it for
-// a *endpoint.Prober when Config.ProxyProtocol is set.
+// the Prober of Config.Probe when Config.ProxyProtocol is set.
 func ProbeDialer(v ProxyProtocol) (func(ctx context.Context, network, address string) (net.Conn, error), error) {
 	hdr, err := localHeader(v)
 	if err != nil {

@@ -183,10 +183,8 @@ func TestProxyProtocolProbes(t *testing.T) {
 			r := start(t, localproxy.Config{
 				Endpoints:     []string{hl.Addr().String()},
 				ProxyProtocol: v,
-				Pool: upstream.Config{
-					Prober:   &endpoint.Prober{Mode: endpoint.ProbeReadyz, TLSConfig: tlsCfg, Host: "example.com"},
-					Interval: time.Second, Timeout: 900 * time.Millisecond, Rise: 1, Fall: 1,
-				},
+				Probe:         &endpoint.ProbeConfig{Mode: endpoint.ProbeReadyz, ServerName: "example.com", RootCAs: roots},
+				Pool:          upstream.Config{Interval: time.Second, Timeout: 900 * time.Millisecond, Rise: 1, Fall: 1},
 			})
 			if !assert.Eventually(t, func() bool {
 				st := r.Pool().Status()

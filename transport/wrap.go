@@ -193,7 +193,11 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	files.Apply(tlsCfg)
 
 	f := &Failover{origin: origin, tls: files}
-	prober := (&endpoint.Prober{Mode: mode, TLSConfig: tlsCfg.Clone(), Host: u.Host, Authorization: endpoint.Bearer(cfg)}).WithTLSFiles(files)
+	prober, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: mode, TLSConfig: tlsCfg, Host: u.Host, Files: files,
+		BearerToken: cfg.BearerToken, BearerTokenFile: cfg.BearerTokenFile, TLSReloadInterval: opts.TLSReloadInterval, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
 	f.pool, err = upstream.New(upstream.Config{
 		Prober:   prober,
 		Interval: opts.ProbeInterval,

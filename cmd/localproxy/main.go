@@ -25,7 +25,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/apifailover/apifailover/localproxy"
-	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -79,12 +78,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitUsage
 	}
-	probeCreds := "none"
-	if pr, ok := cfg.Pool.Prober.(*endpoint.Prober); ok {
-		probeCreds = pr.Credentials()
-	}
 	log.Info("starting", "version", versionString(), "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
-		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", probeCreds, "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
+		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "localproxy failed")
 		return exitError

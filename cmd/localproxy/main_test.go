@@ -282,7 +282,7 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, time.Second, cfg.Pool.Interval)
 		assert.Equal(t, 2, cfg.Pool.Rise)
 		assert.Equal(t, 2, cfg.Pool.Fall)
-		assert.NotNil(t, cfg.Pool.Prober)
+		assert.NotNil(t, cfg.Probe)
 		assert.Nil(t, cfg.Discovery)
 		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
 	})
@@ -314,15 +314,14 @@ func TestValidConfigs(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.kubeconfig}, env())
 		require.NoError(t, err)
 		assert.Nil(t, cfg.Discovery)
-		pr, ok := cfg.Pool.Prober.(*endpoint.Prober)
-		require.True(t, ok, "prober %T", cfg.Pool.Prober)
+		pr := newProber(t, cfg)
 		require.NotNil(t, pr.Authorization)
 		assert.Equal(t, "Bearer secret", pr.Authorization())
 	})
 	t.Run("probes are anonymous without credentials", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env())
 		require.NoError(t, err)
-		assert.Nil(t, cfg.Pool.Prober.(*endpoint.Prober).Authorization)
+		assert.Nil(t, newProber(t, cfg).Authorization)
 	})
 	t.Run("in-cluster service account", func(t *testing.T) {
 		defer main.SetServiceAccount(f.kubeconfig, f.ca)() // any existing file will do as a token
@@ -331,8 +330,18 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
 		assert.Equal(t, f.ca, cfg.Discovery.TLSClientConfig.CAFile)
 		assert.Equal(t, "kubernetes.default.svc", cfg.Discovery.TLSClientConfig.ServerName)
-		assert.NotNil(t, cfg.Pool.Prober.(*endpoint.Prober).Authorization, "probes use the service account token")
+		assert.NotNil(t, newProber(t, cfg).Authorization, "probes use the service account token")
 	})
+}
+
+// newProber builds the Prober of cfg's probe configuration, as
+// localproxy.New does.
+func newProber(t *testing.T, cfg localproxy.Config) *endpoint.Prober {
+	t.Helper()
+	require.NotNil(t, cfg.Probe)
+	pr, err := endpoint.NewProber(*cfg.Probe)
+	require.NoError(t, err)
+	return pr
 }
 
 func TestVersionAndHelp(t *testing.T) {

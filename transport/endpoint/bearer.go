@@ -8,15 +8,20 @@ import (
 // Bearer returns the Authorization header source for probes, if cfg has a
 // bearer token.
 func Bearer(cfg *rest.Config) func() string {
+	return bearer(cfg.BearerToken, cfg.BearerTokenFile)
+}
+
+// bearer is Bearer for a rest.Config's BearerToken and BearerTokenFile.
+func bearer(token, tokenFile string) func() string {
 	static := ""
-	if cfg.BearerToken != "" {
-		static = "Bearer " + cfg.BearerToken
+	if token != "" {
+		static = "Bearer " + token
 	}
-	if cfg.BearerTokenFile != "" {
+	if tokenFile != "" {
 		// A kubeconfig's tokenFile sets both: the file wins, re-read as it
 		// rotates (as client-go's own requests do); BearerToken is what was
 		// in it at start, used only while the file cannot be read.
-		ts := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
+		ts := clienttransport.NewCachedFileTokenSource(tokenFile)
 		return func() string {
 			t, err := ts.Token()
 			if err != nil {

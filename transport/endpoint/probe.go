@@ -101,13 +101,25 @@ var _ upstream.Prober = (*Prober)(nil)
 // probes: with only those, probes stay anonymous (see Credentials). cfg's
 // CA is not used; p.TLSConfig (or WithCAFile) verifies the servers.
 func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
-	q := p.copy()
+	q, err := p.withClientCert(cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData)
+	if err != nil {
+		return nil, fmt.Errorf("probe credentials: %w", err)
+	}
 	if a := Bearer(cfg); a != nil {
 		q.Authorization = a
 	}
-	files, err := NewTLSFiles("", nil, cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData, p.TLSReloadInterval, p.Logger)
+	return q, nil
+}
+
+// withClientCert returns a copy of p that presents the client certificate
+// of certFile and keyFile (followed as they rotate) or of certData and
+// keyData (fixed), as a rest.Config's fields of those names; with none, a
+// plain copy.
+func (p *Prober) withClientCert(certFile, keyFile string, certData, keyData []byte) (*Prober, error) {
+	q := p.copy()
+	files, err := NewTLSFiles("", nil, certFile, keyFile, certData, keyData, p.TLSReloadInterval, p.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("probe credentials: %w", err)
+		return nil, err
 	}
 	if files != nil {
 		if q.TLSConfig == nil {
@@ -123,11 +135,11 @@ func (p *Prober) WithCredentials(cfg *rest.Config) (*Prober, error) {
 		return q, nil
 	}
 	certOnly := &rest.Config{TLSClientConfig: rest.TLSClientConfig{
-		CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, CertData: cfg.CertData, KeyData: cfg.KeyData,
+		CertFile: certFile, KeyFile: keyFile, CertData: certData, KeyData: keyData,
 	}}
 	tc, err := rest.TLSConfigFor(certOnly)
 	if err != nil {
-		return nil, fmt.Errorf("probe credentials: %w", err)
+		return nil, err
 	}
 	if tc != nil && (len(tc.Certificates) > 0 || tc.GetClientCertificate != nil) {
 		if q.TLSConfig == nil {
@@ -167,9 +179,10 @@ func (p *Prober) WithCAFile(caFile string) (*Prober, error) {
 
 // OnCAChange runs fn after every change of the CA file of WithCAFile, in
 // the goroutine that saw it, until cancel is called; for
-// upstream.Pool.ResetQuarantine. It does nothing without a CA file.
+// upstream.Pool.ResetQuarantine. It does nothing without a CA file, or
+// on a nil Prober.
 func (p *Prober) OnCAChange(fn func()) (cancel func()) {
-	if p.files == nil || p.files.ca == nil {
+	if p == nil || p.files == nil || p.files.ca == nil {
 		return func() {}
 	}
 	return p.files.ca.subscribe(fn)
@@ -199,8 +212,11 @@ func (p *Prober) copy() *Prober {
 }
 
 // Credentials says how probes authenticate: "bearer token", "client
-// certificate", both, or "none".
+// certificate", both, or "none" (also for a nil Prober).
 func (p *Prober) Credentials() string {
+	if p == nil {
+		return "none"
+	}
 	var kinds []string
 	if p.Authorization != nil {
 		kinds = append(kinds, "bearer token")

@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -28,29 +30,11 @@ import (
 // by bearer token file or by client certificate.
 func TestProbeWithCredentials(t *testing.T) {
 	pki := newPKI(t)
-	cas := x509.NewCertPool()
-	cas.AddCert(pki.CA)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
-		Certificates: []tls.Certificate{pki.Cert},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    cas,
-	})
-	require.NoError(t, err)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		byToken := r.Header.Get("Authorization") == "Bearer s3cret"
-		byCert := r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "probe-client"
-		if r.URL.Path != "/readyz" || !(byToken || byCert) {
-			http.Error(w, "Unauthorized", http.StatusUnauthorized)
-			return
-		}
-		w.Write([]byte("ok"))
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	addr := ln.Addr().String()
+	addr, _ := newAuthServer(t, pki)
 
 	roots := x509.NewCertPool()
 	require.True(t, roots.AppendCertsFromPEM(pki.CAPEM))
+	var err error
 	anon := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	err = anon.Probe(t.Context(), addr)
 	require.True(t, endpoint.IsReadyzError(err), "anonymous probe: %v", err)
@@ -95,6 +79,37 @@ func TestProbeWithCredentials(t *testing.T) {
 
 	_, err = anon.WithCredentials(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CertFile: filepath.Join(t.TempDir(), "missing.crt"), KeyFile: "x"}})
 	assert.Error(t, err)
+}
+
+// newAuthServer starts an API server stand-in for pki's origin whose
+// /readyz answers 401 but to "Bearer s3cret" or pki's client certificate.
+// It returns its address and the Host header of every request.
+func newAuthServer(t *testing.T, pki *testPKI) (addr string, hosts <-chan string) {
+	cas := x509.NewCertPool()
+	cas.AddCert(pki.CA)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{pki.Cert},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    cas,
+	})
+	require.NoError(t, err)
+	hc := make(chan string, 100)
+	srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case hc <- r.Host:
+		default:
+		}
+		byToken := r.Header.Get("Authorization") == "Bearer s3cret"
+		byCert := r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && r.TLS.PeerCertificates[0].Subject.CommonName == "probe-client"
+		if r.URL.Path != "/readyz" || !(byToken || byCert) {
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		w.Write([]byte("ok"))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), hc
 }
 
 // A server that completes the TLS handshake but does not answer /readyz in

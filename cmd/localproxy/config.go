@@ -1,0 +1,384 @@
+package main
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// In-cluster service account files, used for discovery without
+// --kubeconfig and as the probe CA without --ca-file.
+var (
+	serviceAccountToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	serviceAccountCA    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+)
+
+// defaultServerName is in the certificate of every kube-apiserver (kubeadm
+// and the apiserver's own self-signed certificates alike).
+const defaultServerName = "kubernetes.default.svc"
+
+// config validates the options and builds the proxy configuration. Every
+// problem is reported, joined, in the order of the steps below.
+func (o *options) config() (localproxy.Config, error) {
+	b := &builder{options: o}
+	var cfg localproxy.Config
+	cfg.Endpoints = b.endpoints()
+	l := b.listeners()
+	cfg.ListenAddresses, cfg.HealthAddress = l.addrs, l.health
+	mode, modeOK := b.probeMode()
+	cfg.Pool = b.probeSchedule()
+	cfg.Origin = b.origin()
+	cfg.Probe = b.probeTLS(mode, modeOK, cfg.Origin)
+	creds, credErr := b.credentials()
+	b.probeCredentials(cfg.Probe, creds)
+	cfg.Discovery = b.discovery(creds, credErr, l, cfg.Origin)
+	cfg.StateFile = o.stateFile
+	b.connections(&cfg)
+	b.logging()
+	return cfg, errors.Join(b.errs...)
+}
+
+// builder turns options into a localproxy.Config step by step, keeping
+// every problem it finds, in order.
+type builder struct {
+	*options
+	errs []error
+}
+
+func (b *builder) add(err error) { b.errs = append(b.errs, err) }
+
+// reject adds a usage error naming the flag (or variable), the value and
+// what is allowed.
+func (b *builder) reject(name string, value any, allowed string) {
+	b.add(b.bad(name, value, allowed))
+}
+
+// intOK reports whether int flag name is within its range, adding the
+// problem if not.
+func (b *builder) intOK(name string, n int) bool {
+	if err := b.checkInt(name, n); err != nil {
+		b.add(err)
+		return false
+	}
+	return true
+}
+
+// endpoints returns the static endpoints of --endpoints, normalized.
+func (b *builder) endpoints() []string {
+	var addrs []string
+	for _, e := range splitList(b.options.endpoints) {
+		addr, err := upstream.ParseAddr(e)
+		if err != nil {
+			var ae *upstream.AddrError
+			msg := err.Error()
+			if errors.As(err, &ae) {
+				msg = ae.Msg
+			}
+			b.reject("endpoints", e, msg+"; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535")
+			continue
+		}
+		addrs = append(addrs, addr)
+	}
+	if len(splitList(b.options.endpoints)) == 0 {
+		b.reject("endpoints", b.options.endpoints, "at least one API server endpoint host:port is required")
+	}
+	return addrs
+}
+
+// listeners are the client and health addresses.
+type listeners struct {
+	addrs  []string     // host:port to accept clients on
+	health string       // host:port of the health server; "" if invalid
+	binds  []netip.Addr // the valid --bind-address IPs
+	bindOK bool         // --bind-port is valid
+}
+
+// listeners returns the addresses of --bind-address, --bind-port,
+// --health-bind-address and --health-port.
+func (b *builder) listeners() listeners {
+	var l listeners
+	l.bindOK = b.intOK("bind-port", b.bindPort)
+	healthOK := b.intOK("health-port", b.healthPort)
+	for _, a := range splitList(b.bindAddress) {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			b.reject("bind-address", a, "want an IP address, e.g. 127.0.0.1 or ::1")
+			continue
+		}
+		l.binds = append(l.binds, ip)
+		l.addrs = append(l.addrs, net.JoinHostPort(ip.String(), strconv.Itoa(b.bindPort)))
+	}
+	if len(splitList(b.bindAddress)) == 0 {
+		b.reject("bind-address", b.bindAddress, "want at least one IP address, e.g. 127.0.0.1")
+	}
+	hip, err := netip.ParseAddr(strings.TrimSpace(b.healthBindAddress))
+	if err != nil {
+		b.reject("health-bind-address", b.healthBindAddress, "want an IP address, e.g. 127.0.0.1")
+		return l
+	}
+	l.health = net.JoinHostPort(hip.String(), strconv.Itoa(b.healthPort))
+	if l.bindOK && healthOK && b.bindPort == b.healthPort {
+		b.checkSharedPort(l.binds, hip)
+	}
+	return l
+}
+
+// checkSharedPort checks that the health address overlaps no bind address
+// when both use the same port: one port may serve both on addresses that
+// do not overlap, and an unspecified address overlaps every other.
+func (b *builder) checkSharedPort(binds []netip.Addr, health netip.Addr) {
+	for _, a := range binds {
+		if a == health || a.IsUnspecified() || health.IsUnspecified() {
+			b.add(usagef("invalid %s: %s is the same port, and %s overlaps %s in %s; "+
+				"want a port of its own, or a health address that overlaps no bind address (0.0.0.0 and :: overlap every address)",
+				b.input("health-port", b.healthPort), b.input("bind-port", b.bindPort),
+				b.input("health-bind-address", b.healthBindAddress), a, b.src("bind-address")))
+			return
+		}
+	}
+}
+
+// probeMode returns the check of --probe, and whether it is valid.
+func (b *builder) probeMode() (endpoint.ProbeMode, bool) {
+	mode, err := endpoint.ParseProbeMode(b.probe)
+	if err != nil || b.probe == "" {
+		b.reject("probe", b.probe, "want "+oneOf("readyz", "tls", "tcp"))
+		return mode, false
+	}
+	return mode, true
+}
+
+// probeSchedule returns the pool's probe timing and thresholds:
+// --health-interval, --health-timeout, --rise and --fall.
+func (b *builder) probeSchedule() upstream.Config {
+	if b.healthInterval < time.Second {
+		b.reject("health-interval", b.healthInterval, "want at least 1s")
+	}
+	if b.healthTimeout <= 0 || b.healthTimeout >= b.healthInterval {
+		b.reject("health-timeout", b.healthTimeout, fmt.Sprintf("want more than 0 and less than %s", b.input("health-interval", b.healthInterval)))
+	}
+	b.intOK("rise", b.rise)
+	b.intOK("fall", b.fall)
+	return upstream.Config{Interval: b.healthInterval, Timeout: b.healthTimeout, Rise: b.rise, Fall: b.fall}
+}
+
+// origin returns the API server name of --tls-server-name, or
+// defaultServerName.
+func (b *builder) origin() string {
+	name := strings.TrimSpace(b.tlsServerName)
+	if name == "" {
+		return defaultServerName
+	}
+	if _, err := upstream.ParseAddr(net.JoinHostPort(name, "1")); err != nil {
+		b.reject("tls-server-name", b.tlsServerName, "want a DNS name or an IP address")
+	}
+	return name
+}
+
+// probeTLS returns the probe configuration without credentials: for
+// readyz and tls, the certificates are verified with --ca-file (or the
+// in-cluster service account CA), re-read as it rotates, and serverName.
+// It returns nil when mode is invalid or the CA is missing or bad.
+func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName string) *endpoint.ProbeConfig {
+	switch {
+	case !modeOK:
+		return nil
+	case mode == endpoint.ProbeTCP:
+		return &endpoint.ProbeConfig{Mode: mode}
+	}
+	caFile := b.caFile
+	if caFile == "" && fileExists(serviceAccountCA) {
+		caFile = serviceAccountCA
+	}
+	switch err := checkCA(caFile); {
+	case caFile == "":
+		b.add(usagef("invalid %s: %s=%s verifies the API server certificates and needs the cluster CA; set %s (or %s), or use --probe=tcp to check TCP connects only",
+			b.input("ca-file", b.caFile), b.src("probe"), mode, "--ca-file", envName("ca-file")))
+		return nil
+	case err != nil:
+		b.reject("ca-file", b.caFile, err.Error())
+		return nil
+	}
+	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile}
+}
+
+// credentials returns the credentials for discovery and probes: those of
+// --kubeconfig, else the in-cluster service account if there is one.
+func (b *builder) credentials() (*rest.Config, error) {
+	creds, err := credentials(b.kubeconfig)
+	if err != nil && b.kubeconfig != "" {
+		b.reject("kubeconfig", b.kubeconfig, err.Error())
+	}
+	return creds, err
+}
+
+// probeCredentials makes readyz and tls probes authenticate as creds
+// (clusters with anonymous auth off answer /readyz with 401) and checks
+// that pc builds a Prober. pc or creds may be nil.
+func (b *builder) probeCredentials(pc *endpoint.ProbeConfig, creds *rest.Config) {
+	if pc == nil || pc.Mode == endpoint.ProbeTCP {
+		return
+	}
+	if creds != nil {
+		pc.BearerToken, pc.BearerTokenFile = creds.BearerToken, creds.BearerTokenFile
+		pc.CertFile, pc.KeyFile = creds.CertFile, creds.KeyFile
+		pc.CertData, pc.KeyData = creds.CertData, creds.KeyData
+	}
+	_, err := endpoint.NewProber(*pc)
+	var pe *endpoint.ProbeConfigError
+	switch {
+	case err == nil:
+	case errors.As(err, &pe) && pe.Field == "CAFile":
+		b.reject("ca-file", b.caFile, pe.Err.Error())
+	case errors.As(err, &pe):
+		err = fmt.Errorf("probe credentials: %w", pe.Err)
+		if b.kubeconfig == "" {
+			b.add(usagef("the in-cluster service account's credentials: %v; set --kubeconfig", err))
+		} else {
+			b.reject("kubeconfig", b.kubeconfig, err.Error())
+		}
+	default:
+		b.add(err)
+	}
+}
+
+// discovery returns the client configuration for --enable-discovery, nil
+// without it. Discovery goes through this proxy, never the ClusterIP.
+func (b *builder) discovery(creds *rest.Config, credErr error, l listeners, serverName string) *rest.Config {
+	if !b.enableDiscovery {
+		return nil
+	}
+	switch {
+	case creds == nil && b.kubeconfig == "":
+		b.reject("enable-discovery", true, fmt.Sprintf("%v; set --kubeconfig", credErr))
+	case creds != nil && creds.Insecure:
+		b.reject("kubeconfig", b.kubeconfig, "its cluster sets insecure-skip-tls-verify, and --enable-discovery would send its credentials to endpoints whose certificates are not verified; want a kubeconfig with certificate-authority (or -data), or no --enable-discovery")
+	case creds != nil && len(l.binds) > 0 && l.bindOK:
+		proxyAddr := net.JoinHostPort(loopbackOf(l.binds).String(), strconv.Itoa(b.bindPort))
+		return localproxy.DiscoveryConfig(creds, proxyAddr, serverName)
+	}
+	return nil
+}
+
+// connections sets the limits of client and upstream connections:
+// --drain-timeout, --shutdown-timeout, --max-connections and
+// --proxy-protocol.
+func (b *builder) connections(cfg *localproxy.Config) {
+	if b.drainTimeout < 0 {
+		b.reject("drain-timeout", b.drainTimeout, "want 0 (close at once) or a positive duration")
+	}
+	cfg.DrainTimeout = b.drainTimeout
+	switch {
+	case b.shutdownTimeout < 0:
+		b.reject("shutdown-timeout", b.shutdownTimeout, "want 0 (close at once) or a positive duration")
+	case b.shutdownTimeout == 0:
+		cfg.ShutdownTimeout = -1
+	default:
+		cfg.ShutdownTimeout = b.shutdownTimeout
+	}
+	b.intOK("max-connections", b.maxConnections)
+	cfg.MaxConnections = b.maxConnections
+	pp, err := localproxy.ParseProxyProtocol(b.proxyProtocol)
+	if err != nil {
+		b.reject("proxy-protocol", b.proxyProtocol, "want "+oneOf("none", "v1", "v2"))
+	}
+	cfg.ProxyProtocol = pp
+}
+
+// logging checks --log-level and --log-format; run sets up the logger.
+func (b *builder) logging() {
+	if _, err := parseLogLevel(b.logLevel); err != nil {
+		b.reject("log-level", b.logLevel, err.Error())
+	}
+	if b.logFormat != "text" && b.logFormat != "json" {
+		b.reject("log-format", b.logFormat, "want "+oneOf("text", "json"))
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// checkCA checks that path is a readable PEM file with a CA certificate,
+// for the messages of --ca-file.
+func checkCA(path string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("want a readable PEM file: %v", err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
+		return errors.New("want a PEM file with at least one CA certificate")
+	}
+	return nil
+}
+
+// credentials returns the credentials (and CA) for discovery and probes:
+// from the kubeconfig, or the in-cluster service account. For discovery,
+// its host is replaced by this proxy's address.
+func credentials(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		if !fileExists(kubeconfig) {
+			return nil, errors.New("want an existing kubeconfig file")
+		}
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("want a valid kubeconfig: %v", err)
+		}
+		return cfg, nil
+	}
+	// rest.InClusterConfig needs KUBERNETES_SERVICE_HOST, which static
+	// pods lack; the host is replaced anyway.
+	if !fileExists(serviceAccountToken) {
+		return nil, fmt.Errorf("no in-cluster service account token at %s", serviceAccountToken)
+	}
+	return &rest.Config{
+		BearerTokenFile: serviceAccountToken,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: serviceAccountCA},
+	}, nil
+}
+
+// loopbackOf picks the bind address discovery connects to: a loopback one
+// if there is one, the first otherwise (an unspecified address means
+// loopback).
+func loopbackOf(binds []netip.Addr) netip.Addr {
+	for _, b := range binds {
+		if b.IsLoopback() {
+			return b
+		}
+	}
+	b := binds[0]
+	if b.IsUnspecified() {
+		if b.Is4() {
+			return netip.MustParseAddr("127.0.0.1")
+		}
+		return netip.IPv6Loopback()
+	}
+	return b
+}
