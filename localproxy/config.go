@@ -96,7 +96,8 @@ type Config struct {
 	// Pool configures the endpoint pool: probe interval and timeout, rise,
 	// fall, zone. Its Logger defaults to Logger. Its Prober, if set, is
 	// used as given instead of one built from Probe (e.g. a fake in
-	// tests): ProxyProtocol does not change its dials. With neither Probe
+	// tests): ProxyProtocol does not change its dials, and a change of its
+	// CA file does not re-probe quarantined endpoints. With neither Probe
 	// nor Pool.Prober, only passive signals (failed dials) change health.
 	Pool upstream.Config
 

@@ -140,10 +140,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 	defer cancel()
 	unsubscribe := p.pool.Subscribe(p.onEvent)
 	defer unsubscribe()
-	if pr, ok := p.pool.Config().Prober.(*endpoint.Prober); ok {
-		// A new CA (--ca-file rotated) may verify what the old one did not.
-		defer pr.OnCAChange(p.pool.ResetQuarantine)()
-	}
+	// A new CA (--ca-file rotated) may verify what the old one did not.
+	defer p.Prober().OnCAChange(p.pool.ResetQuarantine)()
 
 	var bg sync.WaitGroup // everything but the accept loops and connections
 	bg.Go(func() { p.pool.Run(runCtx) })
