@@ -21,7 +21,7 @@ import (
 // The client (h2_bundle.go in Go 1.26) reports:
 //   - a request never started on the connection (closed, or unusable after
 //     a GOAWAY): errClientConnUnusable or errClientConnNotEstablished, before
-//     any frame of the request is written. Unexported; the RoundTripper sees
+//     any frame of the request is written. Unexported; the failover round tripper sees
 //     this through its own httptrace hook instead (see writeTrace).
 //   - RST_STREAM(REFUSED_STREAM) from the server: http2StreamError, which
 //     converts to golang.org/x/net/http2.StreamError with errors.As.

@@ -16,7 +16,7 @@ import (
 // DefaultMaxAttempts bounds how many endpoints one request may be sent to.
 const DefaultMaxAttempts = 3
 
-// RoundTripper sends requests for the origin to the pool's best endpoint and
+// failoverRoundTripper sends requests for the origin to the pool's best endpoint and
 // fails over safely. A request is sent to another endpoint only when
 //   - it was never sent: no connection could be had, or not one byte of its
 //     header block was written on the connection (seen by an httptrace hook);
@@ -36,7 +36,7 @@ const DefaultMaxAttempts = 3
 // every endpoint tried refused with the shutdown 429, the last 429 is
 // returned as it came so that client-go honours its Retry-After. Requests
 // for other hosts go to next unchanged.
-type RoundTripper struct {
+type failoverRoundTripper struct {
 	conns       *connPool
 	next        http.RoundTripper
 	maxAttempts int
@@ -45,14 +45,14 @@ type RoundTripper struct {
 	altUsed bool
 }
 
-var _ http.RoundTripper = (*RoundTripper)(nil)
+var _ http.RoundTripper = (*failoverRoundTripper)(nil)
 
-// WrappedRoundTripper returns the RoundTripper used for requests that are
+// WrappedRoundTripper returns the http.RoundTripper used for requests that are
 // not for the origin.
-func (rt *RoundTripper) WrappedRoundTripper() http.RoundTripper { return rt.next }
+func (rt *failoverRoundTripper) WrappedRoundTripper() http.RoundTripper { return rt.next }
 
 // RoundTrip implements http.RoundTripper.
-func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+func (rt *failoverRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil || req.URL.Scheme != "https" || canonicalHostPort(req.URL.Host, "443") != rt.conns.origin {
 		if rt.next == nil {
 			return nil, fmt.Errorf("transport: no route for %s", req.URL.Redacted())
@@ -139,7 +139,7 @@ func (rt *RoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 // It goes by error types and values only; the worst a misread error could do
 // is rank the endpoint lower (FailureGoAway) or count a lost connection that
 // net/http reported anyway (c.cc.Err).
-func (rt *RoundTripper) passive(c *clientConn, err error) {
+func (rt *failoverRoundTripper) passive(c *clientConn, err error) {
 	switch {
 	case isGoAway(err):
 		rt.conns.pool.ReportFailure(c.addr, upstream.FailureGoAway, err)

@@ -257,7 +257,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	userWrap := cfg.WrapTransport
 	f.config.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		if !f.proxied && !isUpgrader(rt) {
-			rt = &RoundTripper{conns: f.conns, next: rt, maxAttempts: maxAttempts, altUsed: learner != nil}
+			rt = &failoverRoundTripper{conns: f.conns, next: rt, maxAttempts: maxAttempts, altUsed: learner != nil}
 			if learner != nil {
 				rt = learner.Wrap(rt)
 			}
