@@ -152,6 +152,17 @@ type Config struct {
 	// UserTimeout is TCP_USER_TIMEOUT of client connections (Linux). If
 	// zero, DefaultUserTimeout (10s). If negative, the system default.
 	UserTimeout time.Duration
+	// FirstByteTimeout is the floor of the first-byte deadline. An
+	// upstream that sends nothing by the deadline after the client's first
+	// bytes (a TLS ClientHello), or is reset before its first byte, is
+	// silent; two silent connections within 2s make its endpoint suspect,
+	// so that new connections go elsewhere until it answers again or the
+	// probes mark it down. Connections already open are not cut. The
+	// deadline follows the endpoint's own first-byte times, RFC 6298's
+	// retransmission timeout rule doubled: max(FirstByteTimeout, 2·SRTT +
+	// 4·RTTVAR), at most 3s. If zero, DefaultFirstByteTimeout (250ms). If
+	// negative, upstream silence is not watched.
+	FirstByteTimeout time.Duration
 	// Upstream connections: see endpoint.Dialer for these fields and their
 	// defaults (250ms, 2s, 10s, 5s, 10s).
 	StaggerDelay, AttemptTimeout, DialTimeout time.Duration

@@ -2,6 +2,7 @@ package localproxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -115,41 +116,89 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 			return
 		}
 	}
-	c.pipe()
+	fb := p.fb.watch(addr)
+	defer fb.stop()
+	c.pipe(fb)
 }
 
 // pipe copies in both directions, passing each EOF on with a half-close,
-// one direction on this goroutine and one on another.
-func (c *conn) pipe() {
+// one direction on this goroutine and one on another. fb, if not nil,
+// watches for the upstream's first byte after the client's first bytes.
+func (c *conn) pipe(fb *firstByte) {
 	done := make(chan struct{})
-	go c.proxyCopy(c.upRaw, c.client, c.p.m.bytes.WithLabelValues("in"), done)
-	c.proxyCopy(c.client, c.upRaw, c.p.m.bytes.WithLabelValues("out"), nil)
+	var sent, got func(int, error)
+	if fb != nil {
+		sent = func(n int, err error) {
+			if n > 0 && err == nil {
+				fb.sent()
+			}
+		}
+		got = func(n int, err error) {
+			switch {
+			case n > 0:
+				fb.received()
+			case err != nil:
+				fb.failed(err, c.isClosed())
+			}
+		}
+	}
+	go c.proxyCopy(c.upRaw, c.client, c.p.m.bytes.WithLabelValues("in"), done, sent)
+	c.proxyCopy(c.client, c.upRaw, c.p.m.bytes.WithLabelValues("out"), nil, got)
 	<-done
+}
+
+// firstBufs holds the buffers of copyFirst: a TLS ClientHello or a
+// server's first flight mostly fits.
+var firstBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+
+// copyFirst copies what one Read of src returns to dst, so that the first
+// bytes of a direction can be seen; the rest goes the splice path. It
+// returns the bytes copied, whether src reached EOF, and the read or write
+// error (not io.EOF).
+func copyFirst(dst, src net.Conn) (int, bool, error) {
+	bp := firstBufs.Get().(*[]byte)
+	defer firstBufs.Put(bp)
+	n, err := src.Read(*bp)
+	if n > 0 {
+		if _, werr := dst.Write((*bp)[:n]); werr != nil {
+			return n, false, werr
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		return n, true, nil
+	}
+	return n, false, err
 }
 
 // proxyCopy copies src to dst until EOF, which it passes on with
 // CloseWrite, or an error, which closes both sides; after an EOF the other
 // direction gets HalfOpenTimeout to finish. Between two *net.TCPConn the
 // copy is a kernel splice; it runs in chunks so that the byte counter
-// moves. It closes done, if not nil, when it returns.
-func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<- struct{}) {
+// moves. If first is set, the first read goes through a buffer (copyFirst)
+// and first is told its byte count and error. It closes done, if not nil,
+// when it returns.
+func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<- struct{}, first func(n int, err error)) {
 	if done != nil {
 		defer close(done)
 	}
 	var err error
-	for {
+	eof := false
+	if first != nil {
+		var n int
+		n, eof, err = copyFirst(dst, src)
+		bytes.Add(float64(n))
+		first(n, err)
+	}
+	for err == nil && !eof {
 		lr := &io.LimitedReader{R: src, N: copyChunk}
 		var n int64
 		n, err = io.Copy(dst, lr)
 		bytes.Add(float64(n))
-		if err != nil {
-			break
-		}
-		if lr.N > 0 { // src reached EOF
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-				err = cw.CloseWrite()
-			}
-			break
+		eof = err == nil && lr.N > 0 // src reached EOF
+	}
+	if eof {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			err = cw.CloseWrite()
 		}
 	}
 	switch {
@@ -158,6 +207,13 @@ func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<
 	case c.halves.Add(1) == 1 && c.p.cfg.HalfOpenTimeout > 0:
 		c.closeBy(time.Now().Add(c.p.cfg.HalfOpenTimeout))
 	}
+}
+
+// isClosed reports whether the proxy closed c.
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // closeBy makes both sides' I/O fail at t (if not earlier already), which

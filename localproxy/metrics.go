@@ -20,6 +20,7 @@ type metrics struct {
 	failovers    *prometheus.CounterVec
 	closed       *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
+	silent       prometheus.Counter
 	endpoints    *endpoint.EndpointSeries // of dials and dialDuration
 }
 
@@ -65,8 +66,12 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Namespace: ns, Subsystem: sub, Name: "bytes_total",
 			Help: "Bytes proxied, by direction: in (client to API server), out (API server to client). Counted every 256 KiB and at the end of a connection.",
 		}, []string{"direction"}),
+		silent: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "silent_upstream_connections_total",
+			Help: "Upstream connections that sent no byte within their first-byte deadline after the client's first bytes, or were reset before their first byte. Two within 2s make the endpoint suspect.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, endpoint.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

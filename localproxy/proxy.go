@@ -30,6 +30,9 @@ type Proxy struct {
 	// endpoint, and drains or closes those of an endpoint that goes down
 	// or is removed.
 	upstreams *endpoint.Registry[*conn]
+	// fb watches for upstreams that go silent; nil if FirstByteTimeout
+	// is negative.
+	fb *firstByteWatch
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -86,6 +89,10 @@ func New(cfg Config) (*Proxy, error) {
 	p.m, err = newMetrics(cfg.Registry, pool)
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: registering metrics: %w", err)
+	}
+	if cfg.FirstByteTimeout >= 0 {
+		p.fb = newFirstByteWatch(pool, endpoint.OrDefault(cfg.FirstByteTimeout, DefaultFirstByteTimeout), cfg.Logger)
+		p.fb.onSilent = p.m.silent.Inc
 	}
 	p.dialer = &endpoint.Dialer{
 		Pool:           pool,
@@ -273,6 +280,9 @@ func (p *Proxy) snapshot() []*conn {
 // added.
 func (p *Proxy) onEvent(ev upstream.Event) {
 	p.hold.OnEvent(ev)
+	if ev.Kind == upstream.EventRemoved {
+		p.fb.forget(ev.Addr)
+	}
 	out := p.upstreams.OnEvent(ev)
 	if n := out.Closed + out.Drained; n > 0 {
 		p.m.failovers.WithLabelValues("endpoint_" + ev.Kind.String()).Add(float64(n))

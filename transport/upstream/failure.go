@@ -31,6 +31,13 @@ const (
 	// FailureTLS, towards Fall: a clock that is wrong at boot, or a
 	// certificate renewed a moment late, is transient.
 	FailureCertificateTime
+	// FailureSilent: connections to the endpoint got no byte back within
+	// their first-byte deadline after the client spoke, or were reset
+	// before their first byte (see localproxy). The endpoint is suspect at
+	// once, so new connections go elsewhere, and probed early; it is not
+	// counted towards Fall: a silence is not proof, the probes decide.
+	// ReportAnswered lifts the suspicion.
+	FailureSilent
 )
 
 // String returns the failure name used in logs and metrics labels.
@@ -48,6 +55,8 @@ func (f Failure) String() string {
 		return "goaway"
 	case FailureCertificateTime:
 		return "certificate_time"
+	case FailureSilent:
+		return "silent"
 	}
 	return "failure(" + strconv.Itoa(int(f)) + ")"
 }

@@ -13,6 +13,7 @@ type rankKey struct {
 	locality   int // 0 local, 1 same zone, 2 elsewhere
 	lastResort int // 1 for an endpoint known only from static config
 	tier       int // RTT tier, see rttTier and stickyTier
+	waiting    int // connections waiting for their first byte (AddWaiting)
 	notPref    int // 0 for the currently preferred endpoint: stickiness
 	tie        uint64
 }
@@ -84,6 +85,7 @@ func (p *Pool) keyLocked(e *endpoint) rankKey {
 		class:    healthClass(e),
 		locality: 2,
 		tier:     e.tier,
+		waiting:  e.waiting,
 		notPref:  1,
 		tie:      e.tie,
 	}
@@ -108,6 +110,7 @@ func compareKeys(a, b rankKey) int {
 		cmp.Compare(a.locality, b.locality),
 		cmp.Compare(a.lastResort, b.lastResort),
 		cmp.Compare(a.tier, b.tier),
+		cmp.Compare(a.waiting, b.waiting),
 		cmp.Compare(a.notPref, b.notPref),
 		cmp.Compare(a.tie, b.tie),
 	)

@@ -196,6 +196,7 @@ type endpoint struct {
 	rtt      time.Duration
 	tier     int // RTT tier of rtt, with hysteresis; see setRTTLocked
 	conns    int
+	waiting  int // see AddWaiting
 	lastErr  error
 	since    time.Time
 	// Dial races (see slow.go): consecutive races lost as the first
@@ -361,6 +362,40 @@ func (p *Pool) ReportFailure(addr string, f Failure, err error) {
 	p.Kick()
 }
 
+// ReportAnswered records that addr answered real traffic (a first byte
+// came back): it lifts a suspicion (see FailureSilent) at once. Unlike
+// ReportSuccess it is not a successful probe: it neither counts towards
+// Rise nor clears failures, since a server that answers TLS may still fail
+// /readyz.
+func (p *Pool) ReportAnswered(addr string) {
+	p.mu.Lock()
+	if e, ok := p.eps[addr]; ok && e.suspect {
+		e.suspect = false
+		p.dirty = true
+		p.rebuildLocked()
+	}
+	p.mu.Unlock()
+	p.flush()
+}
+
+// AddWaiting adds n (1 or -1) to the connections to addr waiting for
+// their first byte from it: the client spoke, the server has not answered
+// yet. Among endpoints otherwise ranked alike (health, locality, RTT tier)
+// the one with fewer waiting goes first, before stickiness: a server that
+// stops answering keeps its first silent connection waiting, and the next
+// connection goes to another (least outstanding, as HAProxy's leastconn
+// but counting only what is stuck).
+func (p *Pool) AddWaiting(addr string, n int) {
+	p.mu.Lock()
+	if e, ok := p.eps[addr]; ok {
+		e.waiting = max(0, e.waiting+n)
+		p.dirty = true
+		p.rebuildLocked()
+	}
+	p.mu.Unlock()
+	p.flush()
+}
+
 // ConnOpened counts an open connection to addr; ConnClosed uncounts it.
 func (p *Pool) ConnOpened(addr string) { p.addConns(addr, 1) }
 
@@ -413,6 +448,13 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 	if f == FailureGoAway {
 		if !e.draining {
 			e.draining = true
+			p.dirty = true
+		}
+		return
+	}
+	if f == FailureSilent {
+		if !e.suspect && (e.state == StateHealthy || e.state == StateUnknown) {
+			e.suspect = true
 			p.dirty = true
 		}
 		return
@@ -644,6 +686,7 @@ func (p *Pool) Status() []Status {
 			Slow:      !e.slowUntil.IsZero(),
 			RTT:       e.rtt,
 			Conns:     e.conns,
+			Waiting:   e.waiting,
 			Preferred: e.addr == p.preferred,
 			LastError: errString(e.lastErr),
 			Since:     e.since,

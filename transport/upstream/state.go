@@ -118,6 +118,9 @@ type Status struct {
 	RTT time.Duration `json:"rtt"`
 	// Conns is the number of open connections the pool's users reported.
 	Conns int `json:"conns"`
+	// Waiting is the number of those waiting for their first byte (see
+	// Pool.AddWaiting).
+	Waiting int `json:"waiting,omitempty"`
 	// Preferred marks the endpoint new connections go to first.
 	Preferred bool `json:"preferred"`
 	// LastError is the most recent failure, empty after a success.

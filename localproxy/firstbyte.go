@@ -1,0 +1,279 @@
+package localproxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// First-byte watch: a client of the API server speaks first (its TLS
+// ClientHello), and a live server answers within a few round trips. An
+// upstream that has sent nothing by the first-byte deadline after the
+// client's first bytes went upstream is silent: hung (SIGSTOP, a wedged
+// process, a kernel that still completes TCP handshakes for it) or
+// unreachable beyond the first hop. silentThreshold silent connections
+// within silentWindow make the endpoint suspect in the pool at once, so new
+// client connections go elsewhere while the probes decide whether it is
+// down; the connections already spliced to it are not cut. A first byte
+// from a suspect endpoint trusts it again at once.
+const (
+	// DefaultFirstByteTimeout is the floor of the first-byte deadline.
+	DefaultFirstByteTimeout = 250 * time.Millisecond
+	// maxFirstByteTimeout caps the deadline, and the samples that teach
+	// it: an endpoint answering after seconds is silent, whatever it did
+	// before.
+	maxFirstByteTimeout = 3 * time.Second
+	silentThreshold     = 2
+	silentWindow        = 2 * time.Second
+)
+
+// firstByteWatch learns, per endpoint, how fast the first byte comes back,
+// and reports silent endpoints to the pool.
+//
+// The deadline is the retransmission timeout rule of RFC 6298 over the
+// first-byte times of the endpoint's connections, doubled for headroom:
+// max(floor, 2·SRTT + 4·RTTVAR), at most maxFirstByteTimeout, where SRTT
+// and RTTVAR are the smoothed time and its mean deviation (gains 1/8 and
+// 1/4). A loaded server that is consistently slow to answer raises its own
+// deadline; a server that stops answering is caught a few hundred
+// milliseconds after the client spoke.
+type firstByteWatch struct {
+	pool  *upstream.Pool
+	floor time.Duration
+	log   logr.Logger
+	// onSilent, if set, is called for every silent connection.
+	onSilent func()
+
+	mu  sync.Mutex // guards eps; the pool is not called while it is held
+	eps map[string]*firstByteEndpoint
+}
+
+type firstByteEndpoint struct {
+	srtt, rttvar time.Duration // zero until the first sample
+	silent       []time.Time   // silent connections within silentWindow
+	suspect      bool          // reported silent; cleared by an answer
+}
+
+func newFirstByteWatch(pool *upstream.Pool, floor time.Duration, log logr.Logger) *firstByteWatch {
+	return &firstByteWatch{pool: pool, floor: floor, log: log, eps: make(map[string]*firstByteEndpoint)}
+}
+
+func (w *firstByteWatch) endpointLocked(addr string) *firstByteEndpoint {
+	e := w.eps[addr]
+	if e == nil {
+		e = &firstByteEndpoint{}
+		w.eps[addr] = e
+	}
+	return e
+}
+
+// timeout returns addr's first-byte deadline.
+func (w *firstByteWatch) timeout(addr string) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.eps[addr]
+	if e == nil || e.srtt == 0 {
+		return w.floor
+	}
+	return min(max(w.floor, 2*e.srtt+4*e.rttvar), maxFirstByteTimeout)
+}
+
+// answered records that addr's first byte came d after the client's first
+// bytes went upstream, and trusts a suspect endpoint again.
+func (w *firstByteWatch) answered(addr string, d time.Duration) {
+	d = min(d, maxFirstByteTimeout)
+	w.mu.Lock()
+	e := w.endpointLocked(addr)
+	if e.srtt == 0 {
+		e.srtt, e.rttvar = d, d/2
+	} else {
+		dev := e.srtt - d
+		if dev < 0 {
+			dev = -dev
+		}
+		e.rttvar += (dev - e.rttvar) / 4
+		e.srtt += (d - e.srtt) / 8
+	}
+	e.silent = e.silent[:0]
+	trust := e.suspect
+	e.suspect = false
+	w.mu.Unlock()
+	if trust {
+		w.log.Info("endpoint answers again", "endpoint", addr, "firstByte", d)
+		w.pool.ReportAnswered(addr)
+	}
+}
+
+// silent records a connection to addr that went silent (why says how),
+// and makes addr suspect once silentThreshold did within silentWindow.
+func (w *firstByteWatch) silent(addr string, why error) {
+	now := time.Now()
+	w.mu.Lock()
+	e := w.endpointLocked(addr)
+	kept := e.silent[:0]
+	for _, t := range e.silent {
+		if now.Sub(t) < silentWindow {
+			kept = append(kept, t)
+		}
+	}
+	e.silent = append(kept, now)
+	report := len(e.silent) >= silentThreshold
+	newly := report && !e.suspect
+	if report {
+		e.silent = e.silent[:0]
+		e.suspect = true
+	}
+	w.mu.Unlock()
+	if w.onSilent != nil {
+		w.onSilent()
+	}
+	if newly {
+		w.log.Info("endpoint silent: new connections go elsewhere until it answers or its probes decide", "endpoint", addr, "err", why.Error())
+	}
+	if report {
+		w.pool.ReportFailure(addr, upstream.FailureSilent, why)
+	}
+}
+
+// forget drops what was learned about addr (removed from the pool).
+func (w *firstByteWatch) forget(addr string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	delete(w.eps, addr)
+	w.mu.Unlock()
+}
+
+// firstByte watches one connection: armed when the client's first bytes
+// went upstream (sent), settled by the upstream's first byte (received)
+// or its failure (failed).
+type firstByte struct {
+	w    *firstByteWatch
+	addr string
+
+	// mu guards the fields below; the pool is not called while it is
+	// held.
+	mu       sync.Mutex
+	sentAt   time.Time
+	timer    *time.Timer
+	expired  bool // the deadline passed first
+	settled  bool // the upstream answered or failed
+	waiting  bool // counted in the pool's AddWaiting
+	deadline time.Duration
+}
+
+func (w *firstByteWatch) watch(addr string) *firstByte {
+	if w == nil {
+		return nil
+	}
+	return &firstByte{w: w, addr: addr}
+}
+
+// sent arms the deadline: the client's first bytes went upstream.
+func (f *firstByte) sent() {
+	if f == nil {
+		return
+	}
+	d := f.w.timeout(f.addr)
+	f.mu.Lock()
+	if f.settled || !f.sentAt.IsZero() {
+		f.mu.Unlock()
+		return
+	}
+	f.sentAt, f.deadline, f.waiting = time.Now(), d, true
+	f.timer = time.AfterFunc(d, f.expire)
+	f.mu.Unlock()
+	f.w.pool.AddWaiting(f.addr, 1)
+}
+
+// settleLocked settles the watch; the caller calls unwait after f.mu.
+func (f *firstByte) settleLocked() (wasWaiting bool) {
+	f.settled = true
+	f.stopLocked()
+	wasWaiting, f.waiting = f.waiting, false
+	return wasWaiting
+}
+
+func (f *firstByte) unwait(wasWaiting bool) {
+	if wasWaiting {
+		f.w.pool.AddWaiting(f.addr, -1)
+	}
+}
+
+func (f *firstByte) expire() {
+	f.mu.Lock()
+	if f.settled {
+		f.mu.Unlock()
+		return
+	}
+	f.expired = true
+	d := f.deadline
+	f.mu.Unlock()
+	f.w.silent(f.addr, fmt.Errorf("no byte from the upstream %v after the client's first bytes", d))
+}
+
+// received settles the watch with the upstream's first byte.
+func (f *firstByte) received() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	if f.settled || f.sentAt.IsZero() {
+		f.settleLocked()
+		f.mu.Unlock()
+		return
+	}
+	w := f.settleLocked()
+	d := time.Since(f.sentAt)
+	f.mu.Unlock()
+	f.unwait(w)
+	f.w.answered(f.addr, d)
+}
+
+// failed settles the watch with the upstream's read error before its first
+// byte: a reset right after the client spoke counts as silence; an end
+// the proxy or the client caused (closed) does not.
+func (f *firstByte) failed(err error, closed bool) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	count := !f.settled && !f.expired && !f.sentAt.IsZero() && !closed &&
+		!errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err)
+	w := f.settleLocked()
+	f.mu.Unlock()
+	f.unwait(w)
+	if count {
+		f.w.silent(f.addr, fmt.Errorf("the upstream failed before its first byte: %w", err))
+	}
+}
+
+// stop ends the watch (the connection ends).
+func (f *firstByte) stop() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	w := f.settleLocked()
+	f.mu.Unlock()
+	f.unwait(w)
+}
+
+func (f *firstByte) stopLocked() {
+	if f.timer != nil {
+		f.timer.Stop()
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,136 @@
+package localproxy_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// freezable answers each line with the same line, unless frozen: then a
+// new connection is accepted (as the kernel of a SIGSTOPped server does)
+// and answered only once thawed.
+type freezable struct {
+	*server
+	frozen atomic.Bool
+	thawed chan struct{}
+}
+
+func newFreezable(t *testing.T) *freezable {
+	f := &freezable{thawed: make(chan struct{})}
+	f.server = newServer(t, func(c *net.TCPConn) {
+		if f.frozen.Load() {
+			select {
+			case <-f.thawed:
+			case <-time.After(time.Minute):
+				return
+			}
+		}
+		io.Copy(c, c)
+	})
+	return f
+}
+
+func statusOf(t *testing.T, p *upstream.Pool, addr string) upstream.Status {
+	t.Helper()
+	for _, s := range p.Status() {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	t.Fatalf("%s not in the pool", addr)
+	return upstream.Status{}
+}
+
+// A new connection does not go to an upstream whose last connection is
+// still waiting for its first byte while another answers: a hung server
+// (SIGSTOP: its kernel still accepts) gets one client stuck, not every
+// client until its probes fail. That client is not cut.
+func TestNewConnectionsAvoidUpstreamWithConnWaiting(t *testing.T) {
+	a, b := newFreezable(t), newFreezable(t)
+	byAddr := map[string]*freezable{a.addr(): a, b.addr(): b}
+	r := start(t, localproxy.Config{
+		Endpoints: []string{a.addr(), b.addr()},
+		Pool:      upstream.Config{Prober: newProber(), Interval: time.Hour},
+		// Silence is not what this test is about.
+		FirstByteTimeout: time.Hour,
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	first := r.Pool().Candidates()[0]
+	byAddr[first].frozen.Store(true)
+
+	stuck := dial(t, r.addr())
+	_, err := io.WriteString(stuck, "hello\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return statusOf(t, r.Pool(), first).Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
+	for range 5 {
+		c := dial(t, r.addr())
+		require.NoError(t, roundTrip(c, "hello"), "a new connection went to the upstream with a connection waiting")
+		c.Close()
+	}
+	assert.False(t, closedByPeer(stuck), "the waiting connection was cut")
+	s := statusOf(t, r.Pool(), first)
+	assert.Equal(t, 1, s.Waiting)
+	assert.False(t, s.Suspect, "suspect with silence unwatched")
+
+	close(byAddr[first].thawed)
+	stuck.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(stuck).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", line)
+	require.Eventually(t, func() bool { return statusOf(t, r.Pool(), first).Waiting == 0 }, 10*time.Second, 5*time.Millisecond)
+	stuck.Close()
+}
+
+// Two connections to an upstream that accepts but sends nothing past their
+// first-byte deadline make it suspect, long before a probe marks it down
+// (here its probes fail, but too few for Fall); it is not cut, and its
+// first answer trusts it again.
+func TestSilentUpstreamBecomesSuspect(t *testing.T) {
+	a := newFreezable(t)
+	pr := newProber()
+	r := start(t, localproxy.Config{
+		Endpoints: []string{a.addr()},
+		Pool:      upstream.Config{Prober: pr, Interval: time.Hour, Fall: 5},
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	a.frozen.Store(true)
+	pr.set(a.addr(), errors.New("probe timed out"))
+
+	var stuck []net.Conn
+	for range 2 {
+		c := dial(t, r.addr())
+		_, err := io.WriteString(c, "hello\n")
+		require.NoError(t, err)
+		stuck = append(stuck, c)
+	}
+	require.Eventually(t, func() bool { return statusOf(t, r.Pool(), a.addr()).Suspect }, 10*time.Second, 5*time.Millisecond,
+		"the silent upstream is not suspect")
+	assert.Equal(t, 2.0, metric(t, r.reg, "apifailover_localproxy_silent_upstream_connections_total"))
+	assert.Equal(t, upstream.StateHealthy, statusOf(t, r.Pool(), a.addr()).State, "silence alone marked it down")
+	for _, c := range stuck {
+		assert.False(t, closedByPeer(c), "a connection to the silent upstream was cut on suspicion")
+		c.SetReadDeadline(time.Time{})
+	}
+
+	close(a.thawed)
+	a.frozen.Store(false)
+	for _, c := range stuck {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		require.NoError(t, err)
+		assert.Equal(t, "hello\n", line)
+		c.Close()
+	}
+	require.Eventually(t, func() bool { return !statusOf(t, r.Pool(), a.addr()).Suspect }, 10*time.Second, 5*time.Millisecond,
+		"an upstream that answers again stays suspect")
+}
