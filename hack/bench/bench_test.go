@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"net"
 	"net/netip"
@@ -103,10 +104,11 @@ func TestPeerConfigs(t *testing.T) {
 			t.Errorf("haproxy config lacks %q:\n%s", want, h)
 		}
 	}
-	n := nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), true)
+	n := nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), true, filepath.Join(dir, "sessions.log"))
 	for _, want := range []string{
 		"listen        127.0.0.1:6444;", "least_conn;", "server 10.250.0.3:6443;",
 		"proxy_timeout 10m;", "proxy_connect_timeout 1s;", "worker_processes 2;", "load_module " + nginxStreamModulePath + ";",
+		"access_log " + filepath.Join(dir, "sessions.log") + " sessions;",
 	} {
 		if !strings.Contains(n, want) {
 			t.Errorf("nginx config lacks %q:\n%s", want, n)
@@ -126,7 +128,7 @@ func TestPeerConfigs(t *testing.T) {
 	if _, err := exec.LookPath("nginx"); err == nil && os.Geteuid() == 0 {
 		_, serr := os.Stat(nginxStreamModulePath)
 		cfg := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(cfg, []byte(nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), serr == nil)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), serr == nil, filepath.Join(dir, "sessions.log"))), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command("nginx", "-t", "-p", dir, "-c", cfg, "-e", "stderr").CombinedOutput(); err != nil {
@@ -229,6 +231,102 @@ func TestMarkdown(t *testing.T) {
 		"| kill | nginx | n/a | none in 11s |",
 		"error: localproxy exited / badly",
 		"haproxy 2.6",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestFaultRow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	end := at(60)
+	res := []ncResult{
+		{start: at(-2), end: at(-1.9), ok: false}, // before the fault
+		{start: at(-0.1), end: at(2.9), ok: false},
+		{start: at(1), end: at(1.2), ok: true},
+		{start: at(4), end: at(7), ok: false},
+		{start: at(8), end: at(8.5), ok: true},
+	}
+	row := faultRow(res, t0, end)
+	if row.Requests != 4 || row.Failed != 2 || row.FailedBefore != 1 || row.Outage != 4.1 || row.StillFailing || row.SlowestOKms != 500 {
+		t.Errorf("faultRow = %+v", row)
+	}
+	row = faultRow(append(res, ncResult{start: at(56), end: at(59), ok: false}), t0, end)
+	if !row.StillFailing || row.Outage != 56.1 {
+		t.Errorf("failure in the tail: %+v", row)
+	}
+	if row := faultRow(nil, t0, end); row.Outage != 0 || row.Requests != 0 {
+		t.Errorf("no requests: %+v", row)
+	}
+}
+
+func TestFillNewConnRatios(t *testing.T) {
+	rows := []NewConnRow{
+		{Fault: "hang", Path: pathLocalProxy, Failed: 10, Outage: 2},
+		{Fault: "hang", Path: pathHAProxy, Failed: 40, Outage: 8},
+		{Fault: "kill", Path: pathLocalProxy, Failed: 0},
+		{Fault: "kill", Path: pathHAProxy, Failed: 5, Outage: 1},
+	}
+	fillNewConnRatios(rows)
+	if rows[0].FailedRatio != 0.25 || rows[0].OutageRatio != 0.25 || rows[1].FailedRatio != 1 || rows[2].FailedRatio != 0 {
+		t.Errorf("ratios = %+v", rows)
+	}
+}
+
+func TestSumCounter(t *testing.T) {
+	text := `# HELP apifailover_localproxy_dials_total Connection attempts.
+# TYPE apifailover_localproxy_dials_total counter
+apifailover_localproxy_dials_total{endpoint="10.250.0.1:6443",result="error"} 3
+apifailover_localproxy_dials_total{endpoint="10.250.0.1:6443",result="ok"} 120
+apifailover_localproxy_dials_total{endpoint="10.250.0.2:6443",result="ok"} 7
+apifailover_localproxy_dials_totalx{endpoint="10.250.0.1:6443",result="ok"} 1000
+`
+	n, err := sumCounter(bufio.NewScanner(strings.NewReader(text)), "apifailover_localproxy_dials_total", `endpoint="10.250.0.1:6443"`)
+	if err != nil || n != 123 {
+		t.Errorf("sumCounter = %d, %v; want 123", n, err)
+	}
+}
+
+func TestNginxSessionsTo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sessions.log")
+	log := `1700000000.123 200 "10.250.0.1:6443"
+1700000000.223 200 "10.250.0.2:6443"
+1700000001.001 200 "10.250.0.1:6443, 10.250.0.3:6443"
+1700000002.001 502 "10.250.0.11:6443"
+`
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := nginxSessionsTo(path, "10.250.0.1:6443"); err != nil || n != 2 {
+		t.Errorf("nginxSessionsTo = %d, %v; want 2", n, err)
+	}
+	if n, err := nginxSessionsTo(filepath.Join(t.TempDir(), "none"), "10.250.0.1:6443"); err != nil || n != 0 {
+		t.Errorf("no log: %d, %v", n, err)
+	}
+}
+
+func TestNewConnMarkdown(t *testing.T) {
+	sent := 12
+	down := 1
+	r := &Results{Date: "2026-01-02 03:04 UTC", NewConn: &NewConnResults{
+		Config: newConnConfig{Rate: 20, TimeoutS: 3, WindowS: 60, LoadedS: 60, Burners: 2},
+		Rows: []NewConnRow{
+			{Fault: "hang", Path: pathLocalProxy, Failed: 3, Requests: 1200, Outage: 1.5, SentToVictim: &sent, FailedRatio: 0.1, OutageRatio: 0.05, SlowestOKms: 900},
+			{Fault: "hang", Path: pathNginx, Failed: 30, Requests: 1200, Outage: 59, StillFailing: true},
+			{Fault: "kill", Path: pathHAProxy, Error: "haproxy exited | badly"},
+		},
+		Loaded: []NewConnLoadedRow{{Path: pathLocalProxy, Failed: 0, Requests: 1200, P50ms: 5, P99ms: 50, Downs: &down, Suspects: &down}, {Path: pathNginx, Requests: 1200}},
+	}}
+	md := r.markdown()
+	for _, want := range []string{
+		"### New connection per request",
+		"| hang | localproxy | 3/1200 | 0.10× | 1.50s | 0.05× | 12 | 900ms |",
+		"| hang | nginx | 30/1200 | - | ≥59.00s | - | n/a | 0ms |",
+		"error: haproxy exited / badly",
+		"| localproxy | 0/1200 | - | 5.0ms | 50.0ms | - | 1 | 1 |",
+		"| nginx | 0/1200 | - | 0.0ms | 0.0ms | - | n/a | n/a |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)

@@ -22,6 +22,18 @@
 // events, and the connections still open to the faulted server after 10s.
 // The apiserver is restored between runs.
 //
+// New connections: a client that opens a new TCP+TLS connection for every
+// request (GET /version, 20 a second, 3s deadline: a shell loop of kubectl
+// calls, a CNI plugin) runs through each L4 contender (localproxy,
+// HAProxy, nginx) side by side, fresh instances for each fault; the fault
+// hits localproxy's preferred apiserver (HAProxy and nginx spread new
+// connections over all three). It records failed requests, the outage
+// (first to last failed request) and the connections each contender sent
+// to the faulted apiserver; then, with no fault, the same clients for a
+// minute while processes burn every CPU, counting failures and the times
+// a contender's health view counted an apiserver down or suspect.
+// -newconn-only runs just this.
+//
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
 // _output/bench/results.json and results.md. Run it with `make bench` or
@@ -36,6 +48,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -48,7 +61,10 @@ type options struct {
 	paths, faults string
 	skipOverhead  bool
 	skipFailover  bool
+	skipNewConn   bool
+	newConnOnly   bool
 	overhead      overheadConfig
+	newConn       newConnConfig
 	window        time.Duration
 	out           string
 }
@@ -68,6 +84,13 @@ func main() {
 	flag.IntVar(&o.overhead.ListBytes, "list-object-bytes", 1024, "payload bytes per listed ConfigMap")
 	flag.IntVar(&o.overhead.NewConn, "new-conn", 100, "GETs on new connections per path")
 	flag.DurationVar(&o.window, "window", 90*time.Second, "how long to observe each fault at most")
+	flag.BoolVar(&o.skipNewConn, "skip-newconn", false, "skip the new-connection-per-request runs")
+	flag.BoolVar(&o.newConnOnly, "newconn-only", false, "run only the new-connection-per-request runs (the -faults, then the loaded run)")
+	flag.IntVar(&o.newConn.Rate, "newconn-rate", 20, "new-connection requests per second per contender")
+	flag.DurationVar(&o.newConn.Timeout, "newconn-timeout", 3*time.Second, "deadline of each new-connection request")
+	flag.DurationVar(&o.newConn.Window, "newconn-window", 60*time.Second, "how long each fault of the new-connection runs is observed")
+	flag.DurationVar(&o.newConn.Loaded, "newconn-loaded", 60*time.Second, "length of the loaded new-connection run without a fault (0: none)")
+	flag.IntVar(&o.newConn.Burners, "newconn-burners", runtime.NumCPU(), "CPU-burning processes during the loaded new-connection run")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -114,6 +137,13 @@ func (o *options) validate() error {
 	c := o.overhead
 	if c.Rounds < 1 || c.GetSeq < c.Rounds || c.GetConc < c.Rounds || c.Lists < c.Rounds || c.NewConn < c.Rounds || c.Concurrency < 1 {
 		return fmt.Errorf("overhead counts must be at least -rounds (%d), -concurrency at least 1", c.Rounds)
+	}
+	if o.newConnOnly {
+		o.skipOverhead, o.skipFailover, o.skipNewConn = true, true, false
+	}
+	n := o.newConn
+	if n.Rate < 1 || n.Timeout <= 0 || n.Window < newConnTail || n.Loaded < 0 || n.Burners < 0 {
+		return fmt.Errorf("-newconn-rate at least 1, -newconn-timeout positive, -newconn-window at least %s, -newconn-loaded and -newconn-burners not negative", newConnTail)
 	}
 	if o.window < connsSampleAfter+afterResume {
 		return fmt.Errorf("-window %s: at least %s", o.window, connsSampleAfter+afterResume)

@@ -117,11 +117,9 @@ func seedOverhead(ctx context.Context, cs kubernetes.Interface, cfg overheadConf
 type overheadClient struct {
 	path *clientPath
 	cs   kubernetes.Interface
-	// fresh builds an http.Client whose every request opens a new
-	// connection; nil when the path cannot (transport.Wrap pools its own).
-	fresh     func() *http.Client
-	getURL    string
-	authValue string
+	// getNewConn GETs the small ConfigMap on a new connection; nil when
+	// the path cannot (transport.Wrap pools its own).
+	getNewConn func(context.Context) error
 	// idleRate is the proxy's CPU use at rest (health checks, discovery),
 	// CPU seconds per second; subtracted from the per-request figures.
 	idleRate float64
@@ -160,18 +158,9 @@ func newOverheadClient(p *clientPath) (*overheadClient, error) {
 	}
 	oc := &overheadClient{path: p, cs: cs}
 	if p.name != pathTransport {
-		tlsCfg, err := rest.TLSConfigFor(cfg)
+		oc.getNewConn, err = newConnGetter(cfg, "/api/v1/namespaces/"+benchNamespace+"/configmaps/"+smallConfigMap)
 		if err != nil {
 			return nil, err
-		}
-		oc.getURL = strings.TrimSuffix(cfg.Host, "/") + "/api/v1/namespaces/" + benchNamespace + "/configmaps/" + smallConfigMap
-		oc.authValue = "Bearer " + cfg.BearerToken
-		oc.fresh = func() *http.Client {
-			return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-				TLSClientConfig:   tlsCfg.Clone(),
-				ForceAttemptHTTP2: true,
-				DisableKeepAlives: true,
-			}}
 		}
 	}
 	return oc, nil
@@ -213,27 +202,43 @@ func (oc *overheadClient) list(ctx context.Context) error {
 	return err
 }
 
-func (oc *overheadClient) getNewConn(ctx context.Context) error {
-	hc := oc.fresh()
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, oc.getURL, nil)
+// newConnGetter returns a GET of path on cfg's host that opens a new
+// TCP+TLS connection for every request, as kubectl-like clients and CNI
+// plugins do, authenticated with cfg's bearer token. A response other
+// than 200 is an error.
+func newConnGetter(cfg *rest.Config, path string) (func(context.Context) error, error) {
+	tlsCfg, err := rest.TLSConfigFor(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	req.Header.Set("Authorization", oc.authValue)
-	req.Header.Set("Accept", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return nil
+	url := strings.TrimSuffix(cfg.Host, "/") + path
+	auth := "Bearer " + cfg.BearerToken
+	return func(ctx context.Context) error {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			TLSClientConfig:   tlsCfg.Clone(),
+			ForceAttemptHTTP2: true,
+			DisableKeepAlives: true,
+		}}
+		defer hc.CloseIdleConnections()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", auth)
+		req.Header.Set("Accept", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}, nil
 }
 
 const requestTimeout = 10 * time.Second
@@ -374,7 +379,7 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 		for i := range clients {
 			c := clients[(i+round)%len(clients)]
 			for _, op := range ops {
-				if op == opNewConn && c.fresh == nil {
+				if op == opNewConn && c.getNewConn == nil {
 					continue
 				}
 				n := count[op] / cfg.Rounds
@@ -387,7 +392,7 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 	for _, op := range ops {
 		for _, c := range clients {
 			s := acc[op][c.path.name]
-			if op == opNewConn && c.fresh == nil {
+			if op == opNewConn && c.getNewConn == nil {
 				continue
 			}
 			r := summarize(op, c.path.name, *s)

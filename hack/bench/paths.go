@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,9 @@ type env struct {
 	bed           *testbed.Bed
 	dir           string // the run's scratch directory (configs, logs)
 	localproxyBin string
+	// sessionLogs gives nginx a session log (see clientPath.sent); off
+	// where it would add to the measured cost.
+	sessionLogs bool
 }
 
 // servers returns the bed's apiserver names and addresses.
@@ -87,8 +91,48 @@ type clientPath struct {
 	pids func() []int
 	// exited reports whether the proxy process died.
 	exited func() bool
-	close  func()
+	// views returns the path's health view of every apiserver by address;
+	// nil for paths without one (nginx, direct).
+	views func() (map[string]endpointView, error)
+	// sent counts the connections the proxy has sent, or tried to send, to
+	// addr since it started: localproxy's dials (its /metrics), HAProxy's
+	// sessions (stot), nginx's sessions in its session log (written when
+	// a session ends; env.sessionLogs). known is false where it cannot
+	// tell.
+	sent  func(addr string) (n int, known bool)
+	close func()
 }
+
+// endpointView is a path's view of one apiserver.
+type endpointView struct {
+	// Down: not counted healthy (localproxy: any other state; HAProxy:
+	// not UP).
+	Down bool
+	// Suspect: healthy, but the last check failed (localproxy: suspect;
+	// HAProxy: "UP 1/2", on its way down).
+	Suspect bool
+	// Preferred: new connections go there first (localproxy only).
+	Preferred bool
+}
+
+// downVia is a clientPath.down built on views; missingDown tells whether
+// an apiserver missing from the view counts as down (it left the pool) or
+// unknown.
+func downVia(views func() (map[string]endpointView, error), missingDown bool) func(string) (bool, bool) {
+	return func(addr string) (bool, bool) {
+		v, err := views()
+		if err != nil {
+			return false, false
+		}
+		e, ok := v[addr]
+		if !ok {
+			return missingDown, missingDown
+		}
+		return e.Down, true
+	}
+}
+
+func unknownSent(string) (int, bool) { return 0, false }
 
 // startPath starts path name on the bed. dir receives its configuration
 // and logs.
@@ -230,6 +274,7 @@ func startDirect(e *env) (*clientPath, error) {
 		openConns:    t.openTo,
 		markBaseline: func() {},
 		exited:       func() bool { return false },
+		sent:         unknownSent,
 		close:        hc.CloseIdleConnections,
 	}, nil
 }
@@ -266,6 +311,7 @@ func startTransport(ctx context.Context, e *env) (*clientPath, error) {
 		openConns:    func(addr string) map[uint64]bool { return countKeys(f.OpenConns()[addr]) },
 		markBaseline: func() {},
 		exited:       func() bool { return false },
+		sent:         unknownSent,
 		close:        func() { f.Close() },
 	}, nil
 }
@@ -289,6 +335,7 @@ func proxyPath(e *env, name, listen string, p *proc, pids func() []int) (*client
 		markBaseline: w.markBaseline,
 		pids:         pids,
 		exited:       func() bool { done, _ := p.exited(); return done },
+		sent:         unknownSent,
 		close: func() {
 			hc.CloseIdleConnections()
 			p.stop()
@@ -322,17 +369,21 @@ func startLocalProxy(ctx context.Context, e *env, dir string) (*clientPath, erro
 		defer resp.Body.Close()
 		return st, json.NewDecoder(resp.Body).Decode(&st)
 	}
-	cp.down = func(addr string) (bool, bool) {
+	cp.views = func() (map[string]endpointView, error) {
 		st, err := status()
 		if err != nil {
-			return false, false
+			return nil, err
 		}
+		out := make(map[string]endpointView, len(st.Upstreams))
 		for _, u := range st.Upstreams {
-			if u.Addr == addr {
-				return u.State != "healthy", true
-			}
+			out[u.Addr] = endpointView{Down: u.State != "healthy", Suspect: u.Suspect, Preferred: u.Preferred}
 		}
-		return true, true // left the pool
+		return out, nil
+	}
+	cp.down = downVia(cp.views, true) // missing: left the pool
+	cp.sent = func(addr string) (int, bool) {
+		n, err := localproxyDials(addr)
+		return n, err == nil
 	}
 	cp.settled = func() bool {
 		st, err := status()
@@ -364,16 +415,28 @@ func startHAProxyPath(ctx context.Context, e *env, dir string) (*clientPath, err
 	for i, a := range addrs {
 		nameOf[a] = names[i]
 	}
-	cp.down = func(addr string) (bool, bool) {
+	cp.views = func() (map[string]endpointView, error) {
 		st, err := haproxyServerStates(sock)
 		if err != nil {
-			return false, false
+			return nil, err
 		}
-		s, ok := st[nameOf[addr]]
-		if !ok {
-			return false, false
+		out := make(map[string]endpointView, len(st))
+		for i, n := range names {
+			if s, ok := st[n]; ok {
+				up := strings.HasPrefix(s, "UP")
+				out[addrs[i]] = endpointView{Down: !up, Suspect: up && s != "UP"}
+			}
 		}
-		return len(s) < 2 || s[:2] != "UP", true
+		return out, nil
+	}
+	cp.down = downVia(cp.views, false)
+	cp.sent = func(addr string) (int, bool) {
+		st, err := haproxyServerStats(sock)
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.Atoi(st[nameOf[addr]]["stot"])
+		return n, err == nil
 	}
 	cp.settled = func() bool {
 		st, err := haproxyServerStates(sock)
@@ -392,7 +455,11 @@ func startHAProxyPath(ctx context.Context, e *env, dir string) (*clientPath, err
 
 func startNginxPath(ctx context.Context, e *env, dir string) (*clientPath, error) {
 	_, addrs := e.servers()
-	p, err := startNginx(ctx, dir, addrs)
+	sessionLog := ""
+	if e.sessionLogs {
+		sessionLog = filepath.Join(dir, "nginx-sessions.log")
+	}
+	p, err := startNginx(ctx, dir, addrs, sessionLog)
 	if err != nil {
 		return nil, err
 	}
@@ -407,5 +474,13 @@ func startNginxPath(ctx context.Context, e *env, dir string) (*clientPath, error
 		}
 		return pids
 	}
-	return proxyPath(e, pathNginx, nginxListen, p, tree)
+	cp, err := proxyPath(e, pathNginx, nginxListen, p, tree)
+	if err != nil || sessionLog == "" {
+		return cp, err
+	}
+	cp.sent = func(addr string) (int, bool) {
+		n, err := nginxSessionsTo(sessionLog, addr)
+		return n, err == nil
+	}
+	return cp, nil
 }

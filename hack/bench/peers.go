@@ -87,8 +87,9 @@ func haproxyConfig(listen string, names, servers []string, statsSocket string) s
 }
 
 // nginxConfig renders kubespray's nginx configuration for servers,
-// listening on listen, with the pid file pid.
-func nginxConfig(listen string, servers []string, pid string, loadStream bool) string {
+// listening on listen, with the pid file pid. A sessionLog path adds a
+// stream access log there (nginxSessionFormat).
+func nginxConfig(listen string, servers []string, pid string, loadStream bool, sessionLog string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	w("# kubespray's node-local apiserver load balancer (hack/bench/peers.go):")
@@ -112,6 +113,13 @@ func nginxConfig(listen string, servers []string, pid string, loadStream bool) s
 	w("}")
 	w("")
 	w("stream {")
+	if sessionLog != "" {
+		w("  # not in kubespray: one line per session, for the benchmark to count")
+		w("  # the sessions sent to each apiserver.")
+		w("  log_format sessions '%s';", nginxSessionFormat)
+		w("  access_log %s sessions;", sessionLog)
+		w("")
+	}
 	w("  upstream kube_apiserver {")
 	w("    least_conn;")
 	w("    # No active health checks (nginx OSS has none); passive defaults:")
@@ -246,21 +254,28 @@ func startHAProxy(ctx context.Context, dir string, names, servers []string) (*pr
 	return p, sock, err
 }
 
+// nginxSessionFormat is the stream access log's line: when the session
+// ended (Unix seconds), its status and the apiservers it was sent to
+// ("a:p, b:p" when nginx tried the next one).
+const nginxSessionFormat = `$msec $status "$upstream_addr"`
+
 // startNginx writes the kubespray configuration into dir and starts nginx
-// in the foreground.
-func startNginx(ctx context.Context, dir string, servers []string) (*proc, error) {
+// in the foreground; sessionLog as in nginxConfig.
+func startNginx(ctx context.Context, dir string, servers []string, sessionLog string) (*proc, error) {
 	_, err := os.Stat(nginxStreamModulePath)
 	cfg := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(cfg, []byte(nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), err == nil)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(nginxConfig(nginxListen, servers, filepath.Join(dir, "nginx.pid"), err == nil, sessionLog)), 0o644); err != nil {
 		return nil, err
 	}
 	return startProc(ctx, "nginx", filepath.Join(dir, "nginx.log"), nginxListen, "nginx",
 		"-p", dir, "-c", cfg, "-e", "stderr", "-g", "daemon off;")
 }
 
-// haproxyServerStates asks HAProxy's stats socket for the state of every
-// server of kube_api_backend: name -> "UP", "DOWN", "UP 1/2", ...
-func haproxyServerStates(sock string) (map[string]string, error) {
+// haproxyServerStats asks HAProxy's stats socket for the counters of
+// every server of kube_api_backend: name -> column of show stat ("status":
+// "UP", "DOWN", "UP 1/2", ...; "stot": sessions sent to it; "chkdown":
+// transitions to down) -> value.
+func haproxyServerStats(sock string) (map[string]map[string]string, error) {
 	c, err := net.DialTimeout("unix", sock, time.Second)
 	if err != nil {
 		return nil, err
@@ -271,31 +286,45 @@ func haproxyServerStates(sock string) (map[string]string, error) {
 		return nil, err
 	}
 	sc := bufio.NewScanner(c)
-	var cols map[string]int
-	out := make(map[string]string)
+	var cols []string
+	out := make(map[string]map[string]string)
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "# ") {
-			cols = make(map[string]int)
-			for i, name := range strings.Split(strings.TrimPrefix(line, "# "), ",") {
-				cols[name] = i
-			}
+			cols = strings.Split(strings.TrimPrefix(line, "# "), ",")
 			continue
 		}
 		f := strings.Split(line, ",")
-		if cols == nil || len(f) <= cols["status"] {
+		if cols == nil || len(f) < 2 || f[0] != "kube_api_backend" || f[1] == "BACKEND" {
 			continue
 		}
-		if f[cols["pxname"]] != "kube_api_backend" || f[cols["svname"]] == "BACKEND" {
-			continue
+		row := make(map[string]string)
+		for i, v := range f {
+			if i < len(cols) {
+				row[cols[i]] = v
+			}
 		}
-		out[f[cols["svname"]]] = f[cols["status"]]
+		out[f[1]] = row
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
 	if cols == nil {
 		return nil, errors.New("haproxy show stat: no header")
+	}
+	return out, nil
+}
+
+// haproxyServerStates returns the state of every server of
+// kube_api_backend: name -> "UP", "DOWN", "UP 1/2", ...
+func haproxyServerStates(sock string) (map[string]string, error) {
+	st, err := haproxyServerStats(sock)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(st))
+	for name, row := range st {
+		out[name] = row["status"]
 	}
 	return out, nil
 }

@@ -26,7 +26,8 @@ type Results struct {
 		Faults map[string]string `json:"faults"`
 		Rows   []FailoverRow     `json:"rows"`
 	} `json:"failover"`
-	DurationSeconds float64 `json:"duration_s"`
+	NewConn         *NewConnResults `json:"new_connection,omitempty"`
+	DurationSeconds float64         `json:"duration_s"`
 }
 
 // write stores results.json and results.md in dir.
@@ -140,7 +141,56 @@ func (r *Results) markdown() string {
 		w("Each run observes until the client has resumed and the path's health view counts the faulted apiserver down, at least %s, at most %s (direct: %s).", connsSampleAfter+afterResume, windowOf(r.Failover.Rows), directWindow)
 		w("")
 	}
+	if r.NewConn != nil && (len(r.NewConn.Rows) > 0 || len(r.NewConn.Loaded) > 0) {
+		r.NewConn.markdown(w)
+	}
 	return b.String()
+}
+
+// markdown renders the new-connection tables.
+func (n *NewConnResults) markdown(w func(string, ...any)) {
+	c := n.Config
+	w("### New connection per request")
+	w("")
+	w("A client opens a new TCP+TLS connection for every request (GET %s, %d a second, %.0fs deadline: a shell loop of kubectl calls, a CNI plugin) through each L4 contender, side by side, fresh instances for each fault. After %s, the fault hits localproxy's preferred apiserver (HAProxy and nginx spread new connections over all three apiservers); observed for %.0fs, then the apiserver is restored. \"failed\": requests that ended after the fault and failed (error, deadline, non-200). \"outage\": from the first failed request sent to the last one (\"≥\": requests sent in the last %s still failed). \"sent to faulted\": connections the contender sent or tried to send to the faulted apiserver after the fault (localproxy: its dials, HAProxy: its sessions assigned to that server, stot; nginx: sessions in its session log, every server tried). Ratios against HAProxy in the same run (\"-\": either is 0).",
+		newConnURLPath, c.Rate, c.TimeoutS, newConnLeadIn, c.WindowS, newConnTail)
+	w("")
+	if len(n.Rows) > 0 {
+		w("| fault | path | failed | vs haproxy | outage | vs haproxy | sent to faulted | slowest OK |")
+		w("|---|---|---:|---:|---:|---:|---:|---:|")
+		for _, r := range n.Rows {
+			if r.Error != "" {
+				w("| %s | %s | error: %s | | | | | |", r.Fault, r.Path, strings.ReplaceAll(oneLine(r.Error, 200), "|", "/"))
+				continue
+			}
+			failed := fmt.Sprintf("%d/%d", r.Failed, r.Requests)
+			if r.FailedBefore > 0 {
+				failed += fmt.Sprintf(" (+%d before the fault)", r.FailedBefore)
+			}
+			outage := fmt.Sprintf("%.2fs", r.Outage)
+			if r.StillFailing {
+				outage = "≥" + outage
+			}
+			w("| %s | %s | %s | %s | %s | %s | %s | %.0fms |", r.Fault, r.Path, failed, fmtRatio(r.FailedRatio),
+				outage, fmtRatio(r.OutageRatio), fmtCount(r.SentToVictim), r.SlowestOKms)
+		}
+		w("")
+	}
+	if len(n.Loaded) > 0 || n.Error != "" {
+		w("No fault, %.0fs, while %d processes burn the CPUs: the same clients. \"downs\", \"suspects\": times the contender's health view counted an apiserver down, or suspect (localproxy: /status state not healthy, suspect; HAProxy: not UP, \"UP 1/2\"), read every %s; nginx has no health view.", c.LoadedS, c.Burners, viewPoll)
+		w("")
+		if n.Error != "" {
+			w("Error: %s", n.Error)
+			w("")
+		}
+		w("| path | failed | vs haproxy | p50 | p99 | p99 vs haproxy | downs | suspects |")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, r := range n.Loaded {
+			w("| %s | %d/%d | %s | %.1fms | %.1fms | %s | %s | %s |", r.Path, r.Failed, r.Requests, fmtRatio(r.FailedRatio),
+				r.P50ms, r.P99ms, fmtRatio(r.P99Ratio), fmtCount(r.Downs), fmtCount(r.Suspects))
+		}
+		w("")
+	}
 }
 
 func windowOf(rows []FailoverRow) string {

@@ -175,6 +175,12 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 		}
 	}
 
+	if !o.skipNewConn && ctx.Err() == nil {
+		nc, fails := runNewConn(ctx, e, paths, splitList(o.faults), o.newConn, say)
+		res.NewConn = nc
+		failures = append(failures, fails...)
+	}
+
 	res.DurationSeconds = round(time.Since(began).Seconds(), 1)
 	md, err := res.write(out)
 	if err != nil {
