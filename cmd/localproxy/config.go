@@ -274,13 +274,21 @@ func (b *builder) discovery(creds *rest.Config, credErr error, l listeners, serv
 }
 
 // connections sets the limits of client and upstream connections:
-// --drain-timeout, --shutdown-timeout, --max-connections and
-// --proxy-protocol.
+// --drain-timeout, --first-byte-timeout, --shutdown-timeout,
+// --max-connections and --proxy-protocol.
 func (b *builder) connections(cfg *localproxy.Config) {
 	if b.drainTimeout < 0 {
 		b.reject("drain-timeout", b.drainTimeout, "want 0 (close at once) or a positive duration")
 	}
 	cfg.DrainTimeout = b.drainTimeout
+	switch {
+	case b.firstByteTimeout < 0:
+		b.reject("first-byte-timeout", b.firstByteTimeout, "want 0 (off) or a positive duration")
+	case b.firstByteTimeout == 0:
+		cfg.FirstByteTimeout = -1
+	default:
+		cfg.FirstByteTimeout = b.firstByteTimeout
+	}
 	switch {
 	case b.shutdownTimeout < 0:
 		b.reject("shutdown-timeout", b.shutdownTimeout, "want 0 (close at once) or a positive duration")

@@ -148,6 +148,7 @@ func TestValidation(t *testing.T) {
 		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
 		{"negative shutdown timeout", append(ok, "--shutdown-timeout=-5s"), nil, []string{"--shutdown-timeout=-5s"}},
+		{"negative first-byte timeout", append(ok, "--first-byte-timeout=-1ms"), nil, []string{"--first-byte-timeout=-1ms", "0 (off) or a positive duration"}},
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
 		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
 		{"log level", append(ok, "--log-level=loud"), nil, []string{"--log-level", `"loud"`, "0-10"}},
@@ -285,6 +286,12 @@ func TestValidConfigs(t *testing.T) {
 		assert.NotNil(t, cfg.Probe)
 		assert.Nil(t, cfg.Discovery)
 		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
+		assert.Equal(t, localproxy.DefaultFirstByteTimeout, cfg.FirstByteTimeout)
+	})
+	t.Run("first-byte watch off", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}, env("LOCALPROXY_FIRST_BYTE_TIMEOUT", "0"))
+		require.NoError(t, err)
+		assert.Negative(t, cfg.FirstByteTimeout)
 	})
 	t.Run("flag wins over env", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-port=9000"},

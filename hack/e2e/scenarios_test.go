@@ -132,9 +132,21 @@ func s2Blackhole(e *env) {
 }
 
 // S3: the serving apiserver is SIGSTOPped: TCP still accepts, nothing
-// answers. As S2.
+// answers. As S2. On an L4 path a client that opens a new connection per
+// request runs beside the load: new connections must stop going to the
+// hung server (a connection left waiting for its first byte, silence)
+// before its probes mark it down.
 func s3Hang(e *env) {
-	faultServing(e, (*testbed.APIServer).Hang, resumeBudget)
+	var nc *newConnLoad
+	var events *eventLog
+	if e.c.ClientConns != nil {
+		events = e.recordEvents()
+		nc = e.startNewConnLoad()
+	}
+	s, _, t0 := faultServing(e, (*testbed.APIServer).Hang, resumeBudget)
+	if nc != nil {
+		e.checkAvoided(nc, events, s.Addr(), t0)
+	}
 }
 
 // S4: the serving apiserver shuts down gracefully (SIGTERM, /readyz fails,
