@@ -197,14 +197,6 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 	return q
 }
 
-// WithDialContext returns a copy of p whose probes open their connections
-// with dial.
-func (p *Prober) WithDialContext(dial func(ctx context.Context, network, address string) (net.Conn, error)) *Prober {
-	q := p.copy()
-	q.DialContext = dial
-	return q
-}
-
 // copy returns p's settings without its session caches.
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
