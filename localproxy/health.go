@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -143,6 +144,10 @@ func (p *Proxy) newHealthServer() *http.Server {
 	}
 }
 
+// maxHealthConns bounds the health server's open connections: kubelet's
+// probes and a scraper need a few.
+const maxHealthConns = 32
+
 // onlyGetHead answers 405 with an Allow header to other methods.
 func onlyGetHead(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -157,6 +162,11 @@ func onlyGetHead(h http.Handler) http.Handler {
 
 // serveHealth serves srv on ln until ctx is done, then shuts it down.
 func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log logr.Logger) {
+	// A local process must not exhaust the proxy's file descriptors
+	// through the health port: beyond maxHealthConns, connections wait
+	// in the listen backlog; idle ones are closed by the server's
+	// timeouts.
+	ln = netutil.LimitListener(ln, maxHealthConns)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
