@@ -69,8 +69,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "Run 'localproxy -help' for the flags.\n")
 		return exitUsage
 	}
+	// --max-connections must fit in the file descriptor limit; its
+	// default is lowered to what fits.
+	lowered := 0
+	if limit := fileLimit(); fileLimitError(cfg.MaxConnections, limit) != nil {
+		_, set := o.from["max-connections"]
+		if set || maxConnsFor(limit) < 1 {
+			printErrors(stderr, "localproxy", fileLimitError(cfg.MaxConnections, limit))
+			return exitUsage
+		}
+		lowered = maxConnsFor(limit)
+		cfg.MaxConnections = lowered
+	}
 	level, _ := parseLogLevel(o.logLevel)
 	log := newLogger(stderr, o.logFormat, level)
+	if lowered > 0 {
+		log.Info("the file descriptor limit (RLIMIT_NOFILE) cannot hold the default --max-connections: lowered", "maxConnections", lowered,
+			"default", localproxy.DefaultMaxConnections, "fdsPerConnection", fdsPerConn)
+	}
 	klog.SetLogger(log.WithName("client-go"))
 	cfg.Logger = log
 	p, err := localproxy.New(cfg)

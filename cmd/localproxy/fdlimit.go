@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// File descriptors localproxy needs: fdsPerConn per client connection
+// while both directions are spliced (the client's socket, the upstream's,
+// and a kernel pipe per direction), and fdsReserve for listeners, the
+// health server (at most 32 connections), probes, discovery, the state
+// file and the runtime.
+const (
+	fdsPerConn = 6
+	fdsReserve = 128
+)
+
+// fileLimit returns the process's file descriptor limit (RLIMIT_NOFILE;
+// the Go runtime has already raised the soft limit to the hard one), or
+// RLIM_INFINITY if it cannot be read.
+func fileLimit() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return unix.RLIM_INFINITY
+	}
+	return rl.Cur
+}
+
+// maxConnsFor returns the most client connections that fit in limit.
+func maxConnsFor(limit uint64) int {
+	if limit == unix.RLIM_INFINITY || limit > 1<<40 {
+		return 1 << 30
+	}
+	return int(max(0, (int64(limit)-fdsReserve)/fdsPerConn))
+}
+
+// fileLimitError says why maxConns client connections cannot fit in
+// limit, nil if they do: past it, accept fails with EMFILE while the
+// proxy believes it has room.
+func fileLimitError(maxConns int, limit uint64) error {
+	fit := maxConnsFor(limit)
+	if maxConns <= fit {
+		return nil
+	}
+	need := uint64(maxConns)*fdsPerConn + fdsReserve
+	return fmt.Errorf("--max-connections=%d needs about %d file descriptors (%d per connection, %d besides) but the limit (RLIMIT_NOFILE) is %d: raise it (LimitNOFILE= in the systemd unit, ulimit -n) or set --max-connections to at most %d",
+		maxConns, need, fdsPerConn, fdsReserve, limit, fit)
+}
