@@ -389,3 +389,36 @@ func TestHeldGoAwayNotReported(t *testing.T) {
 	assert.Empty(t, rep.reports())
 	assert.Error(t, p.Probe(probeCtx(t, time.Second), s.addr))
 }
+
+// Reconnects to an endpoint that keeps failing back off: the first one at
+// once, then with waits that double; a probe due before the wait is over
+// fails with the last failure, without dialing.
+func TestHeldReconnectBackoff(t *testing.T) {
+	pki := newPKI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // connections refused
+	var dials atomic.Int32
+	roots := x509.NewCertPool()
+	roots.AddCert(pki.CA)
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots,
+		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, address)
+		}})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	assert.Equal(t, int32(2), dials.Load(), "the first reconnect at once")
+	err = p.Probe(probeCtx(t, 60*time.Millisecond), addr)
+	assert.ErrorContains(t, err, "reconnecting in")
+	assert.ErrorContains(t, err, "refused", "the last failure")
+	assert.Equal(t, int32(2), dials.Load())
+	start := time.Now()
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	assert.Equal(t, int32(3), dials.Load(), "a probe with time to wait waits, then dials")
+	assert.Greater(t, time.Since(start), 20*time.Millisecond)
+}
