@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -421,4 +423,25 @@ func TestHeldReconnectBackoff(t *testing.T) {
 	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
 	assert.Equal(t, int32(3), dials.Load(), "a probe with time to wait waits, then dials")
 	assert.Greater(t, time.Since(start), 20*time.Millisecond)
+}
+
+// A held connection was verified with the CA of its handshake: once the
+// CA file changes, the next probe verifies the server again, over a new
+// connection, as ProbeReadyz would.
+func TestHeldProbeReverifiesAfterCAChange(t *testing.T) {
+	pki, other := newPKI(t), newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(caFile, pki.CAPEM, 0o600))
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, CAFile: caFile, TLSReloadInterval: time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(1), s.handshakes.Load())
+
+	require.NoError(t, os.WriteFile(caFile, other.CAPEM, 0o600))
+	time.Sleep(5 * time.Millisecond)
+	err = p.Probe(probeCtx(t, time.Second), s.addr)
+	require.ErrorIs(t, err, upstream.ErrCertificate)
 }
