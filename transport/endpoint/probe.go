@@ -34,6 +34,15 @@ const (
 	ProbeTLS ProbeMode = "tls"
 	// ProbeTCP: a TCP connect only.
 	ProbeTCP ProbeMode = "tcp"
+	// ProbeHeld: GET /readyz as ProbeReadyz, over one HTTP/2 connection
+	// per endpoint held open between probes (verified as ProbeReadyz
+	// verifies), so that only its first probe costs the server a TLS
+	// handshake; between probes a PING every PingInterval watches the
+	// connection and a PING unanswered in time, or the connection's loss,
+	// is reported to Reporter at once. A server that does not negotiate
+	// HTTP/2 is probed as ProbeReadyz does. See Prober.Forget and
+	// Prober.Close for the connections' lifetime.
+	ProbeHeld ProbeMode = "held"
 )
 
 // ParseProbeMode validates a probe mode name; "" means ProbeReadyz.
@@ -41,14 +50,16 @@ func ParseProbeMode(s string) (ProbeMode, error) {
 	switch m := ProbeMode(strings.ToLower(s)); m {
 	case "":
 		return ProbeReadyz, nil
-	case ProbeReadyz, ProbeTLS, ProbeTCP:
+	case ProbeReadyz, ProbeHeld, ProbeTLS, ProbeTCP:
 		return m, nil
 	}
-	return "", fmt.Errorf("invalid probe mode %q (allowed: readyz, tls, tcp)", s)
+	return "", fmt.Errorf("invalid probe mode %q (allowed: readyz, held, tls, tcp)", s)
 }
 
 // Prober checks API server endpoints. Each probe uses a fresh connection,
-// so that a server that accepts connections but no longer answers is caught.
+// so that a server that accepts connections but no longer answers is
+// caught, except with ProbeHeld, which holds one per endpoint and watches
+// it with PINGs.
 type Prober struct {
 	// Mode is the check to run. If empty, ProbeReadyz.
 	Mode ProbeMode
@@ -72,6 +83,18 @@ type Prober struct {
 	// Logger receives the reloads of those files and their failures. The
 	// zero value discards.
 	Logger logr.Logger
+	// PingInterval is how often ProbeHeld sends a PING on each held
+	// connection. If zero, DefaultPingInterval (250ms).
+	PingInterval time.Duration
+	// Reporter, if set, receives the failures ProbeHeld sees between
+	// probes, when they happen: a PING unanswered in time or a connection
+	// lost (upstream.FailureConnLost), a GOAWAY (upstream.FailureGoAway).
+	// Usually the pool the Prober probes for. Set it before the first
+	// probe. Failures of probes themselves are only returned.
+	Reporter Reporter
+
+	// held are ProbeHeld's connections.
+	held heldChannels
 
 	// files are the CA and client certificate files followed as they
 	// rotate; nil if none.
@@ -197,10 +220,11 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 	return q
 }
 
-// copy returns p's settings without its session caches.
+// copy returns p's settings without its session caches and held
+// connections.
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
-		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, files: p.files}
+		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, Reporter: p.Reporter, files: p.files}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client
@@ -228,14 +252,13 @@ const maxProbeResponse = 64 << 10
 // Probe runs one check against addr. It honours ctx's deadline for every
 // step. Certificate failures wrap upstream.ErrCertificate, or
 // upstream.ErrCertificateTime when the certificate is only expired or not
-// yet valid by this host's clock.
+// yet valid by this host's clock. With ProbeHeld, a Prober that was closed
+// fails with ErrProberClosed.
 func (p *Prober) Probe(ctx context.Context, addr string) error {
-	dial := p.DialContext
-	if dial == nil {
-		var nd net.Dialer
-		dial = nd.DialContext
+	if p.Mode == ProbeHeld {
+		return p.probeHeld(ctx, addr)
 	}
-	raw, err := dial(ctx, "tcp", addr)
+	raw, err := p.dial(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -246,24 +269,50 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
 	}
-	cfg := p.tlsConfig()
-	if cfg.ClientSessionCache == nil {
-		cfg.ClientSessionCache = p.sessionCache(addr)
-	}
+	var protos []string
 	if p.Mode != ProbeTLS {
-		cfg.NextProtos = []string{"http/1.1"}
+		protos = []string{"http/1.1"}
 	}
-	conn := tls.Client(raw, cfg)
-	if err := conn.HandshakeContext(ctx); err != nil {
-		if f, cerr := classifyHandshakeError(err); f != upstream.FailureTLS {
-			return cerr
-		}
-		return fmt.Errorf("tls handshake: %w", err)
+	conn, err := p.handshake(ctx, addr, raw, protos)
+	if err != nil {
+		return err
 	}
 	if p.Mode == ProbeTLS {
 		return nil
 	}
 	return p.readyz(ctx, conn)
+}
+
+// dial opens a probe's TCP connection to addr, with DialContext if set.
+func (p *Prober) dial(ctx context.Context, addr string) (net.Conn, error) {
+	dial := p.DialContext
+	if dial == nil {
+		var nd net.Dialer
+		dial = nd.DialContext
+	}
+	return dial(ctx, "tcp", addr)
+}
+
+// handshake runs the TLS handshake of a probe over raw, offering protos
+// (ALPN; none if nil), verified with the current CA and resuming addr's
+// session if it can. Certificate failures wrap upstream.ErrCertificate or
+// upstream.ErrCertificateTime.
+func (p *Prober) handshake(ctx context.Context, addr string, raw net.Conn, protos []string) (*tls.Conn, error) {
+	cfg := p.tlsConfig()
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = p.sessionCache(addr)
+	}
+	if protos != nil {
+		cfg.NextProtos = protos
+	}
+	conn := tls.Client(raw, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		if f, cerr := classifyHandshakeError(err); f != upstream.FailureTLS {
+			return nil, cerr
+		}
+		return nil, fmt.Errorf("tls handshake: %w", err)
+	}
+	return conn, nil
 }
 
 // tlsConfig returns a clone of TLSConfig with the current CA of the
@@ -290,18 +339,27 @@ func (p *Prober) sessionCache(addr string) tls.ClientSessionCache {
 	return c.(tls.ClientSessionCache)
 }
 
-func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {
+// readyzRequest returns a probe's GET /readyz.
+func (p *Prober) readyzRequest(ctx context.Context) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+p.Host+"/readyz", nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	req.Close = true
 	req.Header.Set("User-Agent", "apifailover-probe")
 	if p.Authorization != nil {
 		if v := p.Authorization(); v != "" {
 			req.Header.Set("Authorization", v)
 		}
 	}
+	return req, nil
+}
+
+func (p *Prober) readyz(ctx context.Context, conn net.Conn) error {
+	req, err := p.readyzRequest(ctx)
+	if err != nil {
+		return err
+	}
+	req.Close = true
 	if err := req.Write(conn); err != nil {
 		return readyzFailed(err)
 	}

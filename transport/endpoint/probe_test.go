@@ -202,29 +202,41 @@ func (noSessions) Put(string, *tls.ClientSessionState)        {}
 
 // BenchmarkProbe compares a /readyz probe that resumes its TLS session
 // (the default) with one that makes a full handshake each time, against
-// the same server in the same run; "ratio" is resumed/full.
+// the same server in the same run; "ratio" is resumed/full. "held" is
+// ProbeHeld over one HTTP/2 connection; each reports the server's TLS
+// handshakes per probe and the CPU time (client and server, both in this
+// process) per probe.
 func BenchmarkProbe(b *testing.B) {
 	pki := newPKI(b)
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pki.CAPEM)
-	addr, _, _ := readyzServer(b, "127.0.0.1:0", pki.Cert)
+	s := newH2Server(b, pki.Cert)
+	addr := s.addr
 	resumed := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
 	full := &endpoint.Prober{TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName, ClientSessionCache: noSessions{}}, Host: originName}
+	held := &endpoint.Prober{Mode: endpoint.ProbeHeld, TLSConfig: &tls.Config{RootCAs: roots, ServerName: originName}, Host: originName}
+	b.Cleanup(held.Close)
 	probe := func(b *testing.B, p *endpoint.Prober) {
 		if err := p.Probe(b.Context(), addr); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.Run("full", func(b *testing.B) {
-		for b.Loop() {
-			probe(b, full)
+	run := func(p *endpoint.Prober) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			h0, cpu0 := s.handshakes.Load(), cpuTime()
+			for b.Loop() {
+				probe(b, p)
+			}
+			b.ReportMetric(float64(s.handshakes.Load()-h0)/float64(b.N), "handshakes/op")
+			if cpu := cpuTime(); cpu > 0 {
+				b.ReportMetric(float64(cpu-cpu0)/float64(b.N), "cpu-ns/op")
+			}
 		}
-	})
-	b.Run("resumed", func(b *testing.B) {
-		for b.Loop() {
-			probe(b, resumed)
-		}
-	})
+	}
+	b.Run("full", run(full))
+	b.Run("resumed", run(resumed))
+	b.Run("held", run(held))
 	b.Run("ratio", func(b *testing.B) {
 		var tf, tr time.Duration
 		for b.Loop() {

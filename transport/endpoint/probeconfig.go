@@ -18,18 +18,19 @@ import (
 // rest.Config) and localproxy (from its flags) both fill one in and get
 // their Prober from NewProber.
 //
-// The TLS and credential fields are used by ProbeReadyz and ProbeTLS;
-// ProbeTCP only connects and ignores them. How often and how long probes
-// run is the pool's business (upstream.Config Interval and Timeout): each
-// probe gets its deadline from the context the pool gives it.
+// The TLS and credential fields are used by ProbeReadyz, ProbeHeld and
+// ProbeTLS; ProbeTCP only connects and ignores them. How often and how
+// long probes run is the pool's business (upstream.Config Interval and
+// Timeout): each probe gets its deadline from the context the pool gives
+// it.
 type ProbeConfig struct {
 	// Mode is the check. If empty, ProbeReadyz.
 	Mode ProbeMode
 
 	// ServerName is the name the API server certificates are verified
 	// against: the origin's host, as in the clients' kubeconfig
-	// tls-server-name. Required for ProbeReadyz and ProbeTLS unless
-	// TLSConfig carries one.
+	// tls-server-name. Required for ProbeReadyz, ProbeHeld and ProbeTLS
+	// unless TLSConfig carries one.
 	ServerName string
 	// Host is the Host header of GET /readyz: the origin's host[:port]. If
 	// empty, the server name.
@@ -86,6 +87,11 @@ type ProbeConfig struct {
 	// Logger receives the reloads of those files and their failures. The
 	// zero value discards.
 	Logger logr.Logger
+	// PingInterval is how often ProbeHeld sends a PING on each held
+	// connection. If zero, DefaultPingInterval (250ms). The Prober's
+	// Reporter, which receives what the PINGs find, is set once the pool
+	// exists.
+	PingInterval time.Duration
 }
 
 // ProbeConfigError is a ProbeConfig that NewProber cannot build a Prober
@@ -103,14 +109,15 @@ func (e *ProbeConfigError) Unwrap() error { return e.Err }
 
 // NewProber returns the Prober c describes. It reads the CA and client
 // certificate files once to check them; a field that is not usable is a
-// *ProbeConfigError naming it. The Prober starts no goroutines: files are
-// re-read on probes.
+// *ProbeConfigError naming it. The Prober starts no goroutines (files are
+// re-read on probes) but, with ProbeHeld, one per held connection, which
+// Prober.Close stops.
 func NewProber(c ProbeConfig) (*Prober, error) {
 	mode, err := ParseProbeMode(string(c.Mode))
 	if err != nil {
 		return nil, &ProbeConfigError{Field: "Mode", Err: err}
 	}
-	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger}
+	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger, PingInterval: c.PingInterval}
 	if mode == ProbeTCP {
 		return p, nil
 	}

@@ -55,6 +55,7 @@ func TestNewProberValidation(t *testing.T) {
 		{"mode", endpoint.ProbeConfig{Mode: "http", ServerName: originName}, "Mode", `invalid probe mode "http"`},
 		{"no server name", endpoint.ProbeConfig{CAFile: caFile}, "ServerName", "probe mode readyz verifies"},
 		{"no server name for tls", endpoint.ProbeConfig{Mode: endpoint.ProbeTLS, TLSConfig: &tls.Config{}}, "ServerName", "probe mode tls verifies"},
+		{"no server name for held", endpoint.ProbeConfig{Mode: endpoint.ProbeHeld}, "ServerName", "probe mode held verifies"},
 		{"CA file missing", endpoint.ProbeConfig{ServerName: originName, CAFile: missing}, "CAFile", missing},
 		{"CA file not PEM", endpoint.ProbeConfig{ServerName: originName, CAFile: notPEM}, "CAFile", "at least one certificate"},
 		{"CA file and pool", endpoint.ProbeConfig{ServerName: originName, CAFile: caFile, RootCAs: roots}, "RootCAs", "CAFile"},

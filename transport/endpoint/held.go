@@ -1,0 +1,603 @@
+//lint:file-ignore SA1019 net/http's ClientConn (Go 1.26) has no Ping: x/net/http2's ClientConn is the one that can send a PING and wait for its answer.
+
+package endpoint
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// DefaultPingInterval is how often ProbeHeld sends a PING on a held
+// connection when Prober.PingInterval is zero.
+const DefaultPingInterval = 250 * time.Millisecond
+
+// The PING timeout's rule (see rttEstimator.timeout), the reconnect
+// backoff (see heldEndpoint.failed) and when an endpoint no longer probed
+// loses its connection (see heldEndpoint.idle).
+const (
+	pingTimeoutFloor     = 200 * time.Millisecond
+	pingTimeoutCap       = 2 * time.Second
+	pingTimeoutK         = 2
+	reconnectBackoffBase = 100 * time.Millisecond
+	reconnectBackoffMax  = time.Second
+	heldIdleMin          = 3 * time.Second
+)
+
+// ErrProberClosed is the error of a ProbeHeld probe by a Prober that was
+// closed.
+var ErrProberClosed = errors.New("prober closed")
+
+// errForgotten is the error of a probe of an endpoint forgotten while it
+// ran.
+var errForgotten = errors.New("held connection: endpoint forgotten during the probe")
+
+// errLost stands for a connection lost without an error of its own.
+var errLost = errors.New("held connection lost")
+
+// Reporter receives failures a Prober sees between probes.
+// *upstream.Pool is one.
+type Reporter interface {
+	ReportFailure(addr string, f upstream.Failure, err error)
+}
+
+var _ Reporter = (*upstream.Pool)(nil)
+
+// heldChannels are a Prober's held connections (ProbeHeld).
+type heldChannels struct {
+	// h2 makes the HTTP/2 client connections.
+	h2 http2.Transport
+	// wg counts the PING goroutines; Add only under mu while not closed.
+	wg sync.WaitGroup
+
+	// mu guards the fields below. Lock order: heldChannels.mu, then
+	// heldEndpoint.mu.
+	mu     sync.Mutex
+	eps    map[string]*heldEndpoint
+	closed bool
+}
+
+// get returns addr's channel, a new one if it has none.
+func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.closed {
+		return nil, ErrProberClosed
+	}
+	h := hc.eps[addr]
+	if h == nil {
+		if hc.eps == nil {
+			hc.eps = make(map[string]*heldEndpoint)
+		}
+		h = &heldEndpoint{addr: addr}
+		hc.eps[addr] = h
+	}
+	return h, nil
+}
+
+// heldEndpoint is the held channel to one endpoint: its connection, if
+// any, and the reconnect backoff.
+type heldEndpoint struct {
+	addr string
+	// probing serializes the endpoint's probes.
+	probing sync.Mutex
+
+	// mu guards the fields below. It is never held across I/O.
+	mu sync.Mutex
+	// conn is the held connection, nil if none.
+	conn *heldConn
+	// gone: forgotten, or the Prober closed; no new connection.
+	gone bool
+	// fails counts connects that failed and connections lost since the
+	// last successful probe; next is when the next connect may start and
+	// lastErr the last failure.
+	fails   int
+	next    time.Time
+	lastErr error
+	// lastProbe and prevProbe are when the last two probes started.
+	lastProbe, prevProbe time.Time
+}
+
+// probed records the start of a probe.
+func (h *heldEndpoint) probed(now time.Time) {
+	h.mu.Lock()
+	h.prevProbe, h.lastProbe = h.lastProbe, now
+	h.mu.Unlock()
+}
+
+// idle reports whether the endpoint went unprobed for 3 of its last probe
+// intervals, and at least heldIdleMin: it left the pool (or the pool
+// stopped) without a Forget, and its connection is closed.
+func (h *heldEndpoint) idle(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	limit := heldIdleMin
+	if !h.prevProbe.IsZero() {
+		limit = max(limit, 3*h.lastProbe.Sub(h.prevProbe))
+	}
+	return now.Sub(h.lastProbe) > limit
+}
+
+// failed records a failed connect, or the loss of a connection.
+// Reconnects back off: the first one after a success starts at once, the
+// n-th waits reconnectBackoffBase × 2^(n-2), at most reconnectBackoffMax,
+// each wait spread over its upper half (equal jitter) so that the nodes
+// that lost an API server do not all reconnect at the same moment. The
+// pool's own probe interval paces reconnects too; the backoff keeps early
+// probes (Kick) from dialing a dead server in a tight loop.
+func (h *heldEndpoint) failed(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fails++
+	h.lastErr = err
+	if h.fails < 2 {
+		h.next = time.Time{}
+		return
+	}
+	d := min(reconnectBackoffBase<<min(h.fails-2, 16), reconnectBackoffMax)
+	h.next = time.Now().Add(d/2 + rand.N(d/2+1))
+}
+
+// succeeded records a successful probe: the backoff starts over.
+func (h *heldEndpoint) succeeded() {
+	h.mu.Lock()
+	h.fails, h.next, h.lastErr = 0, time.Time{}, nil
+	h.mu.Unlock()
+}
+
+// waitBackoff waits until the endpoint may be dialed again. If that is
+// beyond half of what remains of ctx, it fails at once instead with the
+// last failure, so that the probe reports what is known without dialing.
+func (h *heldEndpoint) waitBackoff(ctx context.Context) error {
+	h.mu.Lock()
+	wait, last := time.Until(h.next), h.lastErr
+	h.mu.Unlock()
+	if wait <= 0 {
+		return nil
+	}
+	if deadline, ok := ctx.Deadline(); ok && wait > time.Until(deadline)/2 {
+		return fmt.Errorf("held connection: reconnecting in %v after: %w", wait.Round(time.Millisecond), last)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// dropped clears the endpoint's connection if it is c (closed); err, if
+// not nil, is why it was lost.
+func (h *heldEndpoint) dropped(c *heldConn, err error) {
+	h.mu.Lock()
+	if h.conn == c {
+		h.conn = nil
+	}
+	h.mu.Unlock()
+	if err != nil {
+		h.failed(err)
+	}
+}
+
+// forget closes the endpoint's connection and keeps it from opening
+// another.
+func (h *heldEndpoint) forget() {
+	h.mu.Lock()
+	h.gone = true
+	c := h.conn
+	h.conn = nil
+	h.mu.Unlock()
+	if c != nil {
+		c.close()
+	}
+}
+
+// heldConn is one held HTTP/2 connection.
+type heldConn struct {
+	h   *heldEndpoint
+	cc  *http2.ClientConn
+	raw net.Conn
+	w   *watchedConn
+	// gen is the generation of the CA and client certificate files the
+	// connection was verified with.
+	gen uint64
+	// connect is how long the TCP connect took: the first RTT sample.
+	connect time.Duration
+	// ctx is cancelled when the connection is closed.
+	ctx       context.Context
+	cancel    context.CancelFunc
+	closeOnce sync.Once
+	// lastAck is when a PING was last answered, in Unix nanoseconds.
+	lastAck atomic.Int64
+}
+
+// close closes the connection; the TCP connection first, so that nothing
+// waits on a peer that does not read.
+func (c *heldConn) close() {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		c.raw.Close()
+		c.cc.Close()
+	})
+}
+
+// watchedConn is the TLS connection under a held HTTP/2 connection: its
+// first read error (the HTTP/2 client always reads) closes lost.
+type watchedConn struct {
+	net.Conn
+	tls  *tls.Conn
+	once sync.Once
+	lost chan struct{}
+	err  error // why; set before lost is closed
+}
+
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil {
+		c.once.Do(func() {
+			c.err = err
+			close(c.lost)
+		})
+	}
+	return n, err
+}
+
+// ConnectionState is the TLS state, for the HTTP/2 client.
+func (c *watchedConn) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
+
+func (c *watchedConn) lostErr() error {
+	select {
+	case <-c.lost:
+		if c.err != nil {
+			return c.err
+		}
+	default:
+	}
+	return errLost
+}
+
+// probeHeld is Probe for ProbeHeld: GET /readyz over addr's held
+// connection, opened first if there is none (or it was verified with CA
+// or client certificate files that changed since). A probe that fails
+// other than by an answer of the server (a ReadyzError with a status)
+// closes the connection.
+func (p *Prober) probeHeld(ctx context.Context, addr string) error {
+	h, err := p.held.get(addr)
+	if err != nil {
+		return err
+	}
+	h.probing.Lock()
+	defer h.probing.Unlock()
+	h.probed(time.Now())
+	c, err := p.heldConn(ctx, h)
+	if c == nil {
+		return err
+	}
+	err = p.readyzHeld(ctx, c)
+	var re *ReadyzError
+	switch {
+	case err == nil:
+		h.succeeded()
+	case errors.As(err, &re) && !re.TimedOut:
+		// The server answered over the connection: it works.
+	default:
+		c.close()
+		h.dropped(c, err)
+	}
+	return err
+}
+
+// heldConn returns h's connection, opening one if needed. It returns nil
+// and the probe's result if the server does not speak HTTP/2 and was
+// probed over HTTP/1.1 instead.
+func (p *Prober) heldConn(ctx context.Context, h *heldEndpoint) (*heldConn, error) {
+	h.mu.Lock()
+	c, gone := h.conn, h.gone
+	h.mu.Unlock()
+	if gone {
+		return nil, errForgotten
+	}
+	if c != nil && c.gen != p.files.generation() {
+		c.close()
+		h.dropped(c, nil)
+		c = nil
+	}
+	if c != nil && c.ctx.Err() == nil {
+		return c, nil
+	}
+	return p.connectHeld(ctx, h)
+}
+
+// connectHeld opens h's connection: TCP, then TLS as ProbeReadyz does it
+// (offering h2), then HTTP/2, within ctx; and starts its PINGs.
+func (p *Prober) connectHeld(ctx context.Context, h *heldEndpoint) (*heldConn, error) {
+	if err := h.waitBackoff(ctx); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	raw, err := p.dial(ctx, h.addr)
+	if err != nil {
+		h.failed(err)
+		return nil, err
+	}
+	connect := time.Since(start)
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	gen := p.files.generation()
+	tc, err := p.handshake(ctx, h.addr, raw, []string{"h2", "http/1.1"})
+	if err != nil {
+		raw.Close()
+		h.failed(err)
+		return nil, err
+	}
+	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		defer raw.Close()
+		return nil, p.readyz(ctx, tc)
+	}
+	w := &watchedConn{Conn: tc, tls: tc, lost: make(chan struct{})}
+	cc, err := p.held.h2.NewClientConn(w)
+	if err != nil {
+		raw.Close()
+		h.failed(err)
+		return nil, fmt.Errorf("http2: %w", err)
+	}
+	raw.SetDeadline(time.Time{})
+	c := &heldConn{h: h, cc: cc, raw: raw, w: w, gen: gen, connect: connect}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+
+	p.held.mu.Lock()
+	if p.held.closed {
+		p.held.mu.Unlock()
+		c.close()
+		return nil, ErrProberClosed
+	}
+	h.mu.Lock()
+	if h.gone {
+		h.mu.Unlock()
+		p.held.mu.Unlock()
+		c.close()
+		return nil, errForgotten
+	}
+	h.conn = c
+	h.mu.Unlock()
+	p.held.wg.Add(1)
+	p.held.mu.Unlock()
+	go p.watchHeld(c)
+	return c, nil
+}
+
+// readyzHeld sends GET /readyz over c.
+func (p *Prober) readyzHeld(ctx context.Context, c *heldConn) error {
+	req, err := p.readyzRequest(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	resp, err := c.cc.RoundTrip(req)
+	if err != nil {
+		return c.requestFailed(err, start)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeResponse))
+	if resp.StatusCode != http.StatusOK {
+		return &ReadyzError{Status: resp.StatusCode, Body: firstLine(string(body))}
+	}
+	return nil
+}
+
+// requestFailed is the error of a GET /readyz sent at start that got no
+// answer. A server that answered a PING since but not the request is up
+// but not ready (a ReadyzError if it timed out, as with ProbeReadyz); one
+// that answered neither, or lost the connection, is not.
+func (c *heldConn) requestFailed(err error, start time.Time) error {
+	select {
+	case <-c.w.lost:
+		return fmt.Errorf("GET /readyz: held connection lost: %w", err)
+	default:
+	}
+	if c.lastAck.Load() > start.UnixNano() {
+		return readyzFailed(err)
+	}
+	return fmt.Errorf("GET /readyz: no answer, nor to a PING, in time: %w", err)
+}
+
+// watchHeld sends c's PINGs until c is closed, fails, or its endpoint is
+// no longer probed. A failure is reported at once, unless c was closed by
+// the Prober meanwhile.
+func (p *Prober) watchHeld(c *heldConn) {
+	defer p.held.wg.Done()
+	l := &pingLoop{
+		interval: OrDefault(p.PingInterval, DefaultPingInterval),
+		ping:     c.cc.Ping,
+		lost:     c.w.lost,
+		lostErr:  c.w.lostErr,
+		acked:    func(t time.Time) { c.lastAck.Store(t.UnixNano()) },
+		// A GOAWAY (kube-apiserver sends them to rebalance connections,
+		// see --goaway-chance, as well as on shutdown, after /readyz
+		// failed) closes the connection quietly, even if the server
+		// closes it first: the next probe reconnects and tells.
+		goingAway: func() bool { return c.cc.State().Closing },
+		// So does no probe for long.
+		stop: c.h.idle,
+	}
+	l.rtt.sample(c.connect)
+	f, err := l.run(c.ctx)
+	closedByProber := c.ctx.Err() != nil
+	c.close()
+	if f == 0 || closedByProber {
+		c.h.dropped(c, nil)
+		return
+	}
+	c.h.dropped(c, err)
+	if p.Reporter != nil {
+		p.Reporter.ReportFailure(c.h.addr, f, err)
+	}
+}
+
+// pingLoop is the PING schedule of one held connection.
+type pingLoop struct {
+	interval time.Duration
+	ping     func(context.Context) error
+	// lost is closed when the connection breaks, for lostErr.
+	lost    <-chan struct{}
+	lostErr func() error
+	// acked, if set, is told when a PING is answered.
+	acked func(time.Time)
+	// goingAway, if set, reports whether the server sent GOAWAY; it is
+	// asked after each answered PING and when the connection is lost:
+	// if so, the loop ends with nothing to report.
+	goingAway func() bool
+	// stop, if set, is asked after each answered PING whether to end
+	// the loop with nothing to report.
+	stop func(time.Time) bool
+	rtt  rttEstimator
+}
+
+// run sends a PING every interval (±10%) after the last one was answered,
+// each with the timeout of rtt, until one is not answered in time or the
+// connection is lost (the failure to report is returned), ctx is done, the
+// server sent GOAWAY or stop says so (zero).
+func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
+	t := time.NewTimer(spread(l.interval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, nil
+		case <-l.lost:
+			return l.lostFailure()
+		case <-t.C:
+		}
+		timeout := l.rtt.timeout()
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		start := time.Now()
+		err := l.ping(pctx)
+		cancel()
+		now := time.Now()
+		switch {
+		case ctx.Err() != nil:
+			return 0, nil
+		case err != nil:
+			select {
+			case <-l.lost:
+				return l.lostFailure()
+			default:
+			}
+			return upstream.FailureConnLost, fmt.Errorf("held connection: PING unanswered within %v: %w", timeout, err)
+		}
+		l.rtt.sample(now.Sub(start))
+		if l.acked != nil {
+			l.acked(now)
+		}
+		if l.goingAway != nil && l.goingAway() || l.stop != nil && l.stop(now) {
+			return 0, nil
+		}
+		t.Reset(spread(l.interval))
+	}
+}
+
+// lostFailure is the failure to report for a lost connection: none if
+// the server sent GOAWAY first.
+func (l *pingLoop) lostFailure() (upstream.Failure, error) {
+	if l.goingAway != nil && l.goingAway() {
+		return 0, nil
+	}
+	return upstream.FailureConnLost, fmt.Errorf("held connection lost: %w", l.lostErr())
+}
+
+// spread spreads d by ±10%.
+func spread(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*2-1)*0.1*float64(d))
+}
+
+// rttEstimator smooths a connection's round trips as TCP does for its
+// retransmission timeout (RFC 6298, section 2): the first sample R sets
+// srtt = R and rttvar = R/2; each later one rttvar = 3/4 rttvar +
+// 1/4 |srtt - R|, then srtt = 7/8 srtt + 1/8 R. The first sample is the
+// TCP connect, the later ones the PINGs.
+type rttEstimator struct {
+	srtt, rttvar time.Duration
+	samples      int
+}
+
+func (e *rttEstimator) sample(r time.Duration) {
+	if e.samples == 0 {
+		e.srtt, e.rttvar = r, r/2
+	} else {
+		d := e.srtt - r
+		if d < 0 {
+			d = -d
+		}
+		e.rttvar = (3*e.rttvar + d) / 4
+		e.srtt = (7*e.srtt + r) / 8
+	}
+	e.samples++
+}
+
+// timeout is how long a PING may go unanswered before the connection
+// counts as lost: pingTimeoutK (2) × srtt + 4 × rttvar, at least
+// pingTimeoutFloor (200ms, which keeps a near server's scheduling hiccups
+// and this host's from counting) and at most pingTimeoutCap (2s); the
+// floor before any sample. A far server (300ms away) thus gets about
+// 600ms, a near one 200ms.
+func (e *rttEstimator) timeout() time.Duration {
+	if e.samples == 0 {
+		return pingTimeoutFloor
+	}
+	return min(max(pingTimeoutK*e.srtt+4*e.rttvar, pingTimeoutFloor), pingTimeoutCap)
+}
+
+// Forget closes the held connection to addr (ProbeHeld) and drops its
+// TLS session, for an endpoint removed from the pool (on
+// upstream.EventRemoved); a later probe of addr starts over. It does not
+// wait for the connection's goroutine (Close does) and does nothing on a
+// nil Prober. An endpoint that is no longer probed, and not forgotten,
+// loses its connection after 3 of its probe intervals, and at least 3s.
+func (p *Prober) Forget(addr string) {
+	if p == nil {
+		return
+	}
+	p.sessions.Delete(addr)
+	p.held.mu.Lock()
+	h := p.held.eps[addr]
+	delete(p.held.eps, addr)
+	p.held.mu.Unlock()
+	if h != nil {
+		h.forget()
+	}
+}
+
+// Close closes the held connections (ProbeHeld) and waits for their
+// goroutines; later ProbeHeld probes fail with ErrProberClosed. Call it
+// once the pool's Run has returned; not from a pool subscriber. It does
+// nothing more on a Prober of another mode, or a nil one, and may be
+// called again.
+func (p *Prober) Close() {
+	if p == nil {
+		return
+	}
+	p.held.mu.Lock()
+	p.held.closed = true
+	eps := p.held.eps
+	p.held.eps = nil
+	p.held.mu.Unlock()
+	for _, h := range eps {
+		h.forget()
+	}
+	p.held.wg.Wait()
+}

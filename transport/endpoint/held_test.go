@@ -1,0 +1,447 @@
+package endpoint_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// h2Server is an API server stand-in speaking HTTP/2 over TLS that counts
+// its TLS handshakes and closed connections, answers /readyz with status,
+// and can freeze: its connections then swallow what the client sends and
+// answer nothing (a hung process, a blackhole).
+type h2Server struct {
+	*httptest.Server
+	addr       string
+	handshakes atomic.Int32
+	closed     atomic.Int32
+	requests   atomic.Int32
+	h1         atomic.Int32 // requests over HTTP/1.1
+	status     atomic.Int32
+	frozen     atomic.Bool
+	// stall, if set, blocks /readyz until it is closed.
+	stall atomic.Pointer[chan struct{}]
+}
+
+func newH2Server(t testing.TB, cert tls.Certificate) *h2Server {
+	s := &h2Server{}
+	s.status.Store(http.StatusOK)
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.requests.Add(1)
+		if r.ProtoMajor != 2 {
+			s.h1.Add(1)
+		}
+		if stall := s.stall.Load(); stall != nil {
+			select {
+			case <-*stall:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(int(s.status.Load()))
+		w.Write([]byte("ok\n"))
+	}))
+	ts.Listener = &freezeListener{Listener: ts.Listener, frozen: &s.frozen}
+	ts.EnableHTTP2 = true
+	ts.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, VerifyConnection: func(tls.ConnectionState) error {
+		s.handshakes.Add(1)
+		return nil
+	}}
+	ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed || st == http.StateHijacked {
+			s.closed.Add(1)
+		}
+	}
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	s.Server, s.addr = ts, ts.Listener.Addr().String()
+	return s
+}
+
+// freezeListener's connections discard what they read while frozen.
+type freezeListener struct {
+	net.Listener
+	frozen *atomic.Bool
+}
+
+func (l *freezeListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &freezeConn{Conn: c, frozen: l.frozen}, nil
+}
+
+type freezeConn struct {
+	net.Conn
+	frozen *atomic.Bool
+}
+
+func (c *freezeConn) Read(b []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(b)
+		if err != nil || !c.frozen.Load() {
+			return n, err
+		}
+	}
+}
+
+// reporter records the failures a Prober reports between probes.
+type reporter struct {
+	mu   sync.Mutex
+	got  []report
+	seen chan struct{}
+}
+
+type report struct {
+	addr string
+	f    upstream.Failure
+	err  error
+	at   time.Time
+}
+
+func newReporter() *reporter { return &reporter{seen: make(chan struct{}, 100)} }
+
+func (r *reporter) ReportFailure(addr string, f upstream.Failure, err error) {
+	r.mu.Lock()
+	r.got = append(r.got, report{addr, f, err, time.Now()})
+	r.mu.Unlock()
+	r.seen <- struct{}{}
+}
+
+func (r *reporter) reports() []report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]report(nil), r.got...)
+}
+
+// wait returns the next report, failing the test after d.
+func (r *reporter) wait(t *testing.T, d time.Duration) report {
+	t.Helper()
+	select {
+	case <-r.seen:
+	case <-time.After(d):
+		t.Fatalf("no failure reported within %v", d)
+	}
+	got := r.reports()
+	return got[len(got)-1]
+}
+
+// heldProber returns a ProbeHeld prober for pki's servers, closed when the
+// test ends.
+func heldProber(t testing.TB, pki *testPKI, rep endpoint.Reporter) *endpoint.Prober {
+	roots := x509.NewCertPool()
+	roots.AddCert(pki.CA)
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots, PingInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	p.Reporter = rep
+	t.Cleanup(p.Close)
+	return p
+}
+
+func probeCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestParseProbeModeHeld(t *testing.T) {
+	m, err := endpoint.ParseProbeMode("Held")
+	require.NoError(t, err)
+	assert.Equal(t, endpoint.ProbeHeld, m)
+	_, err = endpoint.ParseProbeMode("ping")
+	assert.ErrorContains(t, err, "readyz, held, tls, tcp")
+	m, err = endpoint.ParseProbeMode("")
+	require.NoError(t, err)
+	assert.Equal(t, endpoint.ProbeReadyz, m, "the default stays readyz")
+}
+
+// Probes of a held channel share one TLS handshake: GET /readyz goes over
+// the HTTP/2 connection opened by the first probe.
+func TestHeldProbeOneHandshake(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	for range 5 {
+		require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	}
+	assert.Equal(t, int32(1), s.handshakes.Load())
+	assert.Equal(t, int32(5), s.requests.Load())
+	assert.Zero(t, s.h1.Load())
+}
+
+// A server that does not speak HTTP/2 is probed as ProbeReadyz does: one
+// connection per probe.
+func TestHeldProbeHTTP1Server(t *testing.T) {
+	pki := newPKI(t)
+	addr, resumed, _ := readyzServer(t, "127.0.0.1:0", pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	for range 2 {
+		require.NoError(t, p.Probe(probeCtx(t, time.Second), addr))
+	}
+	assert.Len(t, *resumed, 2)
+}
+
+// /readyz answers other than 200 are ReadyzErrors, as with ProbeReadyz; so
+// is no answer in time from a server that still answers PINGs (up, waiting
+// for etcd). The connection answered: it stays held.
+func TestHeldProbeReadyzError(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	s.status.Store(http.StatusInternalServerError)
+	err := p.Probe(probeCtx(t, time.Second), s.addr)
+	var re *endpoint.ReadyzError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, http.StatusInternalServerError, re.Status)
+	assert.False(t, re.TimedOut)
+
+	s.status.Store(http.StatusOK)
+	stall := make(chan struct{})
+	s.stall.Store(&stall)
+	err = p.Probe(probeCtx(t, 500*time.Millisecond), s.addr)
+	require.ErrorAs(t, err, &re)
+	assert.True(t, re.TimedOut, "%v", err)
+	assert.True(t, endpoint.Graceful(upstream.Event{Kind: upstream.EventDown, Err: err}))
+	close(stall)
+	s.stall.Store(nil)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.LessOrEqual(t, s.handshakes.Load(), int32(2), "a timed-out probe closes the connection; a 500 does not")
+}
+
+// A server that stops answering is reported as soon as a PING goes
+// unanswered, with no probe in between; the next probe fails as a plain
+// timeout (not ReadyzError: the server does not answer at all).
+func TestHeldReportsFrozenServer(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	time.Sleep(300 * time.Millisecond) // some PINGs answered
+	assert.Empty(t, rep.reports())
+
+	frozen := time.Now()
+	s.frozen.Store(true)
+	r := rep.wait(t, 2*time.Second)
+	// PING interval (100ms, +10% jitter) + the timeout's floor (200ms).
+	assert.Less(t, r.at.Sub(frozen), 600*time.Millisecond)
+	assert.Equal(t, s.addr, r.addr)
+	assert.Equal(t, upstream.FailureConnLost, r.f)
+	assert.ErrorContains(t, r.err, "PING")
+
+	err := p.Probe(probeCtx(t, 300*time.Millisecond), s.addr)
+	require.Error(t, err)
+	assert.False(t, endpoint.IsReadyzError(err), "%v", err)
+	assert.Len(t, rep.reports(), 1, "a failed probe is the pool's result, not reported")
+}
+
+// A connection lost (the server closed it) is reported at once; the next
+// probe opens a new one.
+func TestHeldReconnectsAfterLoss(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	lost := time.Now()
+	s.CloseClientConnections()
+	r := rep.wait(t, time.Second)
+	assert.Less(t, r.at.Sub(lost), 300*time.Millisecond)
+	assert.Equal(t, upstream.FailureConnLost, r.f)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(2), s.handshakes.Load())
+}
+
+// A server with a certificate that does not verify fails as ProbeReadyz
+// does, so the pool quarantines it.
+func TestHeldProbeCertificate(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Wrong)
+	p := heldProber(t, pki, newReporter())
+	err := p.Probe(probeCtx(t, time.Second), s.addr)
+	require.ErrorIs(t, err, upstream.ErrCertificate)
+}
+
+// Forget closes the channel of an endpoint removed from the pool, without
+// reporting it; Close closes them all, and later probes fail.
+func TestHeldForgetAndClose(t *testing.T) {
+	pki := newPKI(t)
+	a, b := newH2Server(t, pki.Cert), newH2Server(t, pki.Cert)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), a.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), b.addr))
+	p.Forget(a.addr)
+	assert.Eventually(t, func() bool { return a.closed.Load() == 1 }, time.Second, 10*time.Millisecond)
+	assert.Equal(t, int32(0), b.closed.Load())
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), a.addr), "a forgotten endpoint may come back")
+	assert.Equal(t, int32(2), a.handshakes.Load())
+
+	p.Close()
+	assert.Eventually(t, func() bool { return a.closed.Load() == 2 && b.closed.Load() == 1 }, time.Second, 10*time.Millisecond)
+	err := p.Probe(probeCtx(t, time.Second), a.addr)
+	assert.ErrorIs(t, err, endpoint.ErrProberClosed)
+	assert.Empty(t, rep.reports())
+	p.Close() // again: no-op
+}
+
+// A probe whose context ends before its answer closes the connection.
+func TestHeldProbeDeadlineClosesConnection(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := p.Probe(ctx, s.addr)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
+	assert.Eventually(t, func() bool { return s.closed.Load() == 1 }, time.Second, 10*time.Millisecond)
+}
+
+// With the pool as its Reporter, a server that hangs is avoided by new
+// connections (suspect) as soon as a PING goes unanswered, and is down
+// after the probe that follows; the other endpoint stays healthy.
+func TestHeldWithPool(t *testing.T) {
+	pki := newPKI(t)
+	a, b := newH2Server(t, pki.Cert), newH2Server(t, pki.Cert)
+	roots := x509.NewCertPool()
+	roots.AddCert(pki.CA)
+	pr, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots})
+	require.NoError(t, err)
+	pool, err := upstream.New(upstream.Config{Prober: pr, IsLocal: func(string) bool { return false }})
+	require.NoError(t, err)
+	pr.Reporter = pool
+	down := make(chan time.Time, 10)
+	defer pool.Subscribe(func(ev upstream.Event) {
+		switch ev.Kind {
+		case upstream.EventDown:
+			down <- time.Now()
+		case upstream.EventRemoved:
+			pr.Forget(ev.Addr)
+		}
+	})()
+	require.NoError(t, pool.Set(upstream.SourceStatic, []upstream.Spec{{Addr: a.addr}, {Addr: b.addr}}))
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { pool.Run(ctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+		pr.Close()
+	}()
+	require.Eventually(t, pool.Healthy, 2*time.Second, 10*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // a few rounds: one handshake each
+	assert.Equal(t, int32(1), a.handshakes.Load())
+
+	frozen := time.Now()
+	a.frozen.Store(true)
+	require.Eventually(t, func() bool {
+		for _, st := range pool.Status() {
+			if st.Addr == a.addr {
+				return st.Suspect || st.State == upstream.StateUnhealthy
+			}
+		}
+		return false
+	}, time.Second, 5*time.Millisecond)
+	suspect := time.Since(frozen)
+	var downAt time.Time
+	select {
+	case downAt = <-down:
+	case <-time.After(3 * time.Second):
+		t.Fatal("not down")
+	}
+	t.Logf("hung server suspect after %v, down after %v", suspect.Round(time.Millisecond), downAt.Sub(frozen).Round(time.Millisecond))
+	assert.Less(t, suspect, 700*time.Millisecond)
+	assert.Less(t, downAt.Sub(frozen), 2*time.Second)
+	got, err := pool.Pick()
+	require.NoError(t, err)
+	assert.Equal(t, b.addr, got)
+}
+
+// A server that shuts down gracefully (GOAWAY, then close) is not
+// reported: kube-apiserver also sends GOAWAY to rebalance connections
+// (--goaway-chance). The next probe tells.
+func TestHeldGoAwayNotReported(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, s.Config.Shutdown(probeCtx(t, time.Second)))
+	assert.Eventually(t, func() bool { return s.closed.Load() == 1 }, time.Second, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	assert.Empty(t, rep.reports())
+	assert.Error(t, p.Probe(probeCtx(t, time.Second), s.addr))
+}
+
+// Reconnects to an endpoint that keeps failing back off: the first one at
+// once, then with waits that double; a probe due before the wait is over
+// fails with the last failure, without dialing.
+func TestHeldReconnectBackoff(t *testing.T) {
+	pki := newPKI(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // connections refused
+	var dials atomic.Int32
+	roots := x509.NewCertPool()
+	roots.AddCert(pki.CA)
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots,
+		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+			dials.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, network, address)
+		}})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	assert.Equal(t, int32(2), dials.Load(), "the first reconnect at once")
+	err = p.Probe(probeCtx(t, 60*time.Millisecond), addr)
+	assert.ErrorContains(t, err, "reconnecting in")
+	assert.ErrorContains(t, err, "refused", "the last failure")
+	assert.Equal(t, int32(2), dials.Load())
+	start := time.Now()
+	require.Error(t, p.Probe(probeCtx(t, time.Second), addr))
+	assert.Equal(t, int32(3), dials.Load(), "a probe with time to wait waits, then dials")
+	assert.Greater(t, time.Since(start), 20*time.Millisecond)
+}
+
+// A held connection was verified with the CA of its handshake: once the
+// CA file changes, the next probe verifies the server again, over a new
+// connection, as ProbeReadyz would.
+func TestHeldProbeReverifiesAfterCAChange(t *testing.T) {
+	pki, other := newPKI(t), newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	require.NoError(t, os.WriteFile(caFile, pki.CAPEM, 0o600))
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, CAFile: caFile, TLSReloadInterval: time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(1), s.handshakes.Load())
+
+	require.NoError(t, os.WriteFile(caFile, other.CAPEM, 0o600))
+	time.Sleep(5 * time.Millisecond)
+	err = p.Probe(probeCtx(t, time.Second), s.addr)
+	require.ErrorIs(t, err, upstream.ErrCertificate)
+}
