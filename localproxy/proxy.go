@@ -72,6 +72,11 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
 	p.pool = pool
+	// Failures seen on held probe connections (endpoint.ProbeHeld)
+	// between probes count at once.
+	if pr := p.Prober(); pr != nil {
+		pr.Reporter = pool
+	}
 	p.upstreams = endpoint.NewRegistry[*conn](endpoint.RegistryConfig{
 		Healthy:       pool.Healthy,
 		DrainTimeout:  cfg.DrainTimeout,
@@ -195,6 +200,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.drain(&handlers, stopConns)
 	cancel()
 	bg.Wait()
+	p.Prober().Close() // the pool's Run has returned
 	p.log.Info("proxy stopped")
 	return nil
 }
@@ -282,6 +288,7 @@ func (p *Proxy) onEvent(ev upstream.Event) {
 	p.hold.OnEvent(ev)
 	if ev.Kind == upstream.EventRemoved {
 		p.fb.forget(ev.Addr)
+		p.Prober().Forget(ev.Addr)
 	}
 	out := p.upstreams.OnEvent(ev)
 	if n := out.Closed + out.Drained; n > 0 {

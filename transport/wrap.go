@@ -46,7 +46,14 @@ type Options struct {
 	DiscoveryPollInterval time.Duration
 
 	// Probe selects the active health check. If empty, endpoint.ProbeReadyz.
+	// endpoint.ProbeHeld probes over one HTTP/2 connection held per
+	// endpoint, with a PING every ProbePingInterval between probes: one TLS
+	// handshake per endpoint instead of one per probe, and a server that
+	// stops answering is reported at once.
 	Probe endpoint.ProbeMode
+	// ProbePingInterval is how often endpoint.ProbeHeld PINGs each held
+	// connection. If zero, endpoint.DefaultPingInterval (250ms).
+	ProbePingInterval time.Duration
 	// ProbeInterval between probe rounds. If zero, 1s.
 	ProbeInterval time.Duration
 	// ProbeTimeout for one probe. If zero, 1s (at most ProbeInterval).
@@ -194,7 +201,8 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 
 	f := &Failover{origin: origin, tls: files}
 	prober, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: mode, TLSConfig: tlsCfg, Host: u.Host, Files: files,
-		BearerToken: cfg.BearerToken, BearerTokenFile: cfg.BearerTokenFile, TLSReloadInterval: opts.TLSReloadInterval, Logger: opts.Logger})
+		BearerToken: cfg.BearerToken, BearerTokenFile: cfg.BearerTokenFile, TLSReloadInterval: opts.TLSReloadInterval,
+		PingInterval: opts.ProbePingInterval, Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
@@ -210,7 +218,16 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
+	// Failures seen on held probe connections between probes count at
+	// once; the connection of a removed endpoint is dropped.
+	prober.Reporter = f.pool
+	forget := f.pool.Subscribe(func(ev upstream.Event) {
+		if ev.Kind == upstream.EventRemoved {
+			prober.Forget(ev.Addr)
+		}
+	})
 	if err := f.pool.Set(upstream.SourceStatic, statics); err != nil {
+		forget()
 		return nil, fmt.Errorf("transport: %w", err)
 	}
 	m, err := newMetrics(opts.Registerer, f.pool)
@@ -280,6 +297,8 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
+		defer prober.Close()
+		defer forget()
 		defer unsubscribe()
 		f.pool.Run(runCtx)
 	}()

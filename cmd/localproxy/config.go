@@ -155,7 +155,7 @@ func (b *builder) checkSharedPort(binds []netip.Addr, health netip.Addr) {
 func (b *builder) probeMode() (endpoint.ProbeMode, bool) {
 	mode, err := endpoint.ParseProbeMode(b.probe)
 	if err != nil || b.probe == "" {
-		b.reject("probe", b.probe, "want "+oneOf("readyz", "tls", "tcp"))
+		b.reject("probe", b.probe, "want "+oneOf("readyz", "held", "tls", "tcp"))
 		return mode, false
 	}
 	return mode, true
@@ -212,7 +212,10 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 		b.reject("ca-file", b.caFile, err.Error())
 		return nil
 	}
-	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile}
+	if b.probePingInterval < 0 {
+		b.reject("probe-ping-interval", b.probePingInterval, "want a positive duration (0: the default, "+endpoint.DefaultPingInterval.String()+")")
+	}
+	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval}
 }
 
 // credentials returns the credentials for discovery and probes: those of

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // envPrefix prefixes the environment variable of every flag:
@@ -34,6 +35,7 @@ type options struct {
 	stateFile         string
 	drainTimeout      time.Duration
 	firstByteTimeout  time.Duration
+	probePingInterval time.Duration
 	shutdownTimeout   time.Duration
 	maxConnections    int
 	proxyProtocol     string
@@ -67,7 +69,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
 	fs.StringVar(&o.healthBindAddress, "health-bind-address", "127.0.0.1", "IP address of the health, metrics and status server")
 	fs.IntVar(&o.healthPort, "health-port", 7446, "port of the health, metrics and status server")
-	fs.StringVar(&o.probe, "probe", "readyz", "health check: readyz (verified TLS + GET /readyz), tls (verified TLS handshake) or tcp (connect only)")
+	fs.StringVar(&o.probe, "probe", "readyz", "health check: readyz (verified TLS + GET /readyz on a new connection), held (GET /readyz over one HTTP/2 connection held per API server, PINGed every --probe-ping-interval: one TLS handshake instead of one per probe, and a server that stops answering is noticed between probes), tls (verified TLS handshake) or tcp (connect only)")
+	fs.DurationVar(&o.probePingInterval, "probe-ping-interval", 0, "with --probe=held, how often each held connection is PINGed (default "+endpoint.DefaultPingInterval.String()+")")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM file with the cluster CA that signed the API server certificates; needed by --probe=readyz and tls (default: the in-cluster service account CA if present)")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", "", "name the API server certificates carry, as in the clients' kubeconfig tls-server-name (default "+defaultServerName+")")
 	fs.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between health probe rounds (at least 1s)")

@@ -129,7 +129,7 @@ func TestValidation(t *testing.T) {
 		{"bind address not an IP", append(ok, "--bind-address=localhost"), nil, []string{"--bind-address", `"localhost"`, "IP address"}},
 		{"bind address empty", append(ok, "--bind-address="), nil, []string{"--bind-address", "at least one"}},
 		{"health bind address not an IP", append(ok, "--health-bind-address=nowhere"), nil, []string{"--health-bind-address", `"nowhere"`}},
-		{"probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http"}, nil, []string{"--probe", `"http"`, "readyz, tls or tcp"}},
+		{"probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http"}, nil, []string{"--probe", `"http"`, "readyz, held, tls or tcp"}},
 		{"probe mode from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{"LOCALPROXY_PROBE", `"ping"`}},
 		{"interval below 1s", append(ok, "--health-interval=500ms", "--health-timeout=100ms"), nil, []string{"--health-interval=500ms", "at least 1s"}},
 		{"timeout not below interval", append(ok, "--health-interval=2s", "--health-timeout=2s"), nil, []string{"--health-timeout=2s", "less than --health-interval"}},
@@ -232,7 +232,7 @@ func TestBadValues(t *testing.T) {
 		{"out of range", append(ok, "--rise=0"), nil, []string{"invalid --rise=0: want a whole number, at least 1"}},
 		{"out of range from env", ok, []string{"LOCALPROXY_BIND_PORT", "0"}, []string{"invalid LOCALPROXY_BIND_PORT=0 (--bind-port): want a port number 1-65535"}},
 		{"enum", append(ok, "--log-format=xml"), nil, []string{`invalid --log-format="xml": want text or json`}},
-		{"enum from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{`invalid LOCALPROXY_PROBE="ping" (--probe): want readyz, tls or tcp`}},
+		{"enum from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{`invalid LOCALPROXY_PROBE="ping" (--probe): want readyz, held, tls or tcp`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -287,6 +287,16 @@ func TestValidConfigs(t *testing.T) {
 		assert.Nil(t, cfg.Discovery)
 		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
 		assert.Equal(t, localproxy.DefaultFirstByteTimeout, cfg.FirstByteTimeout)
+	})
+	t.Run("held probes", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe=held", "--probe-ping-interval=1s"}, env())
+		require.NoError(t, err)
+		require.NotNil(t, cfg.Probe)
+		assert.Equal(t, endpoint.ProbeHeld, cfg.Probe.Mode)
+		assert.Equal(t, time.Second, cfg.Probe.PingInterval)
+		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe=held", "--probe-ping-interval=-1s"}, env())
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "--probe-ping-interval=-1s")
 	})
 	t.Run("first-byte watch off", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}, env("LOCALPROXY_FIRST_BYTE_TIMEOUT", "0"))

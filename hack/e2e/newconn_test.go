@@ -32,7 +32,7 @@ const (
 // newConnRate, through the path's client configuration. It samples the
 // path's dial attempts per endpoint as it goes.
 type newConnLoad struct {
-	stop           func()
+	stop          func()
 	total, failed atomic.Int64
 	mu            sync.Mutex // guards the fields below
 	samples       []dialSample
