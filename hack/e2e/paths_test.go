@@ -2,11 +2,11 @@ package e2e_test
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -105,7 +105,7 @@ func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed, auth 
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
-	opts := transport.Options{Registerer: reg, Logger: logs.logger()}
+	opts := transport.Options{Registerer: reg, Logger: logs.logger(), Probe: probeMode(t)}
 	cfg := bed.RESTConfig(testbed.Origin)
 	if auth != nil {
 		auth(cfg)
@@ -210,6 +210,16 @@ const (
 	proxyHealthAddr = "127.0.0.1:7446"
 )
 
+// probeMode is the health check of both paths: APIFAILOVER_E2E_PROBE
+// (readyz, held, tls, tcp), readyz if unset.
+func probeMode(t *testing.T) endpoint.ProbeMode {
+	m, err := endpoint.ParseProbeMode(os.Getenv("APIFAILOVER_E2E_PROBE"))
+	if err != nil {
+		t.Fatalf("APIFAILOVER_E2E_PROBE: %v", err)
+	}
+	return m
+}
+
 // startLocalProxy runs a localproxy in this process (inside the bed's
 // network namespace) on proxyAddr, health on proxyHealthAddr, in front of
 // the bed's apiservers: readyz probes verified with the bed's CA and
@@ -225,18 +235,15 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
 		t.Fatal("bed CA: no certificate")
 	}
-	prober := &endpoint.Prober{
-		Mode:      endpoint.ProbeReadyz,
-		TLSConfig: &tls.Config{RootCAs: roots, ServerName: bed.OriginName(), MinVersion: tls.VersionTLS12},
-		Host:      bed.OriginName(),
-	}
+	probe := &endpoint.ProbeConfig{Mode: probeMode(t), ServerName: bed.OriginName(), RootCAs: roots}
 	p, err := localproxy.New(localproxy.Config{
 		Endpoints:       eps,
 		Origin:          bed.OriginName(),
 		ListenAddresses: []string{proxyAddr},
 		HealthAddress:   proxyHealthAddr,
 		// As cmd/localproxy's defaults: 1s interval, 500ms timeout, 2/2.
-		Pool:      upstream.Config{Prober: prober, Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
+		Probe:     probe,
+		Pool:      upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
 		Discovery: localproxy.DiscoveryConfig(bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity), proxyAddr, bed.OriginName()),
 		// Close what is left at once when the scenario ends, so the next
 		// one can bind the same port.
