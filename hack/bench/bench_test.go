@@ -340,10 +340,10 @@ func TestSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, sinkBuffer)
-	if _, err := upload(addr, 3*sinkBuffer+5, buf); err != nil {
+	if _, err := transfer(addr, sinkDiscard, 3*sinkBuffer+5, buf); err != nil {
 		t.Errorf("upload: %v", err)
 	}
-	if _, err := download(addr, 3*sinkBuffer+5, buf); err != nil {
+	if _, err := transfer(addr, sinkSource, 3*sinkBuffer+5, buf); err != nil {
 		t.Errorf("download: %v", err)
 	}
 	idle, err := sinkDial(addr, sinkIdle, 0, time.Second)

@@ -270,7 +270,7 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 	per := int64(cfg.MiB) << 20 / int64(cfg.Rounds)
 	// Warm up: nothing recorded.
 	for _, c := range cs {
-		if _, err := upload(c.addr, 8<<20, buf); err != nil {
+		if _, err := transfer(c.addr, sinkDiscard, 8<<20, buf); err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
 	}
@@ -286,11 +286,11 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 				if c.pids != nil {
 					cpu0 = cpuTime(c.pids())
 				}
-				move := upload
+				mode := byte(sinkDiscard)
 				if d == dirDownload {
-					move = download
+					mode = sinkSource
 				}
-				wall, err := move(c.addr, per, buf)
+				wall, err := transfer(c.addr, mode, per, buf)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", c.name, d, err)
 				}

@@ -320,45 +320,33 @@ func sinkDial(addr string, mode byte, n int64, timeout time.Duration) (*net.TCPC
 	return tc, nil
 }
 
-// upload sends n bytes to the sink through addr and returns the time
-// from the sink's answer to its count of the bytes received.
-func upload(addr string, n int64, buf []byte) (time.Duration, error) {
-	c, err := sinkDial(addr, sinkDiscard, n, 10*time.Second)
+// transfer sends n bytes to the sink through addr (mode sinkDiscard) or
+// reads n bytes from it (sinkSource), and returns the time from the sink's
+// answer to the last byte's arrival (sinkDiscard: the sink's count of the
+// bytes it received).
+func transfer(addr string, mode byte, n int64, buf []byte) (time.Duration, error) {
+	c, err := sinkDial(addr, mode, n, 10*time.Second)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
 	began := time.Now()
-	if err := fill(c, buf, n); err != nil {
-		return 0, err
-	}
-	var got [8]byte
-	if _, err := io.ReadFull(c, got[:]); err != nil {
-		return 0, fmt.Errorf("reading the sink's count: %w", err)
-	}
-	d := time.Since(began)
-	if m := int64(binary.BigEndian.Uint64(got[:])); m != n {
-		return 0, fmt.Errorf("the sink received %d bytes of %d", m, n)
-	}
-	return d, nil
-}
-
-// download reads n bytes from the sink through addr and returns the time
-// from the sink's answer to the end of the stream.
-func download(addr string, n int64, buf []byte) (time.Duration, error) {
-	c, err := sinkDial(addr, sinkSource, n, 10*time.Second)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	began := time.Now()
-	m, err := drain(c, buf)
-	if err != nil {
+	var got int64
+	if mode == sinkDiscard {
+		if err := fill(c, buf, n); err != nil {
+			return 0, err
+		}
+		var count [8]byte
+		if _, err := io.ReadFull(c, count[:]); err != nil {
+			return 0, fmt.Errorf("reading the sink's count: %w", err)
+		}
+		got = int64(binary.BigEndian.Uint64(count[:]))
+	} else if got, err = drain(c, buf); err != nil {
 		return 0, err
 	}
 	d := time.Since(began)
-	if m != n {
-		return 0, fmt.Errorf("received %d bytes of %d", m, n)
+	if got != n {
+		return 0, fmt.Errorf("%d bytes of %d arrived", got, n)
 	}
 	return d, nil
 }
