@@ -2,12 +2,18 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"crypto/tls"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -93,7 +99,7 @@ func TestPeerConfigs(t *testing.T) {
 	servers := []string{"10.250.0.1:6443", "10.250.0.2:6443", "10.250.0.3:6443"}
 	dir := t.TempDir()
 
-	h := haproxyConfig(haproxyListen, names, servers, filepath.Join(dir, "haproxy.sock"))
+	h := haproxyConfig(haproxyListen, names, servers, filepath.Join(dir, "haproxy.sock"), 0)
 	for _, want := range []string{
 		"bind 127.0.0.1:6443", "balance leastconn", "option httpchk GET /healthz",
 		"default-server inter 15s downinter 15s rise 2 fall 2 slowstart 60s maxconn 1000 maxqueue 256 weight 100",
@@ -224,18 +230,13 @@ func TestMarkdown(t *testing.T) {
 		{Fault: "kill", Path: pathNginx, Observed: 11, Window: 90},
 		{Fault: "hang", Path: pathLocalProxy, Error: "localproxy exited | badly"},
 	}
-	md := r.markdown()
-	for _, want := range []string{
+	wantLines(t, r.markdown(),
 		"| get-seq | haproxy | 1.50ms | 1.25× |", "30µs",
 		"| kill | haproxy | 0.50s | none in 11s |",
 		"| kill | nginx | n/a | none in 11s |",
 		"error: localproxy exited / badly",
 		"haproxy 2.6",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("markdown lacks %q:\n%s", want, md)
-		}
-	}
+	)
 }
 
 func TestFaultRow(t *testing.T) {
@@ -319,17 +320,136 @@ func TestNewConnMarkdown(t *testing.T) {
 		},
 		Loaded: []NewConnLoadedRow{{Path: pathLocalProxy, Failed: 0, Requests: 1200, P50ms: 5, P99ms: 50, Downs: &down, Suspects: &down}, {Path: pathNginx, Requests: 1200}},
 	}}
-	md := r.markdown()
-	for _, want := range []string{
+	wantLines(t, r.markdown(),
 		"### New connection per request",
 		"| hang | localproxy | 3/1200 | 0.10× | 1.50s | 0.05× | 12 | 900ms |",
 		"| hang | nginx | 30/1200 | - | ≥59.00s | - | n/a | 0ms |",
 		"error: haproxy exited / badly",
 		"| localproxy | 0/1200 | - | 5.0ms | 50.0ms | - | 1 | 1 |",
 		"| nginx | 0/1200 | - | 0.0ms | 0.0ms | - | n/a | n/a |",
-	} {
+	)
+}
+
+func TestSink(t *testing.T) {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	cert := srv.TLS.Certificates[0]
+	srv.Close()
+	s := newSink(cert)
+	addr := freePort(t)
+	if err := s.listen(addr); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, sinkBuffer)
+	if _, err := transfer(addr, sinkDiscard, 3*sinkBuffer+5, buf); err != nil {
+		t.Errorf("upload: %v", err)
+	}
+	if _, err := transfer(addr, sinkSource, 3*sinkBuffer+5, buf); err != nil {
+		t.Errorf("download: %v", err)
+	}
+	idle, err := sinkDial(addr, sinkIdle, 0, time.Second)
+	if err != nil {
+		t.Fatalf("idle: %v", err)
+	}
+	h := &idleConns{conns: []net.Conn{idle}}
+	if n := h.held(); n != 1 {
+		t.Errorf("held = %d, want 1", n)
+	}
+	// Health checks: TLS, any GET answered 200.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Get("https://" + addr + "/readyz")
+	if err != nil {
+		t.Fatalf("health check: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	hc.CloseIdleConnections()
+	if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+		t.Errorf("health check: %d %q", resp.StatusCode, body)
+	}
+	s.close() // with the idle connection open
+	if !waitUntil(context.Background(), 5*time.Second, func() bool { return h.held() == 0 }) {
+		t.Error("idle connection still held after the sink closed")
+	}
+	h.close()
+}
+
+func TestProcMem(t *testing.T) {
+	rss, fds, err := procMem([]int{os.Getpid()})
+	if err != nil || rss <= 0 || fds < 3 {
+		t.Errorf("procMem(self) = %d KiB, %d fds, %v", rss, fds, err)
+	}
+	if _, _, err := procMem([]int{1 << 30}); err == nil {
+		t.Error("procMem of no process: no error")
+	}
+}
+
+func TestFillDatapathRatios(t *testing.T) {
+	rows := []DatapathThroughputRow{
+		{Direction: dirUpload, Path: pathDirect, MiBPerSec: 2000},
+		{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1000, ProxyCPUPerGiB: 0.5},
+		{Direction: dirUpload, Path: pathHAProxy, MiBPerSec: 500, ProxyCPUPerGiB: 1},
+		{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 800, ProxyCPUPerGiB: 0.4},
+	}
+	fillDatapathRatios(rows)
+	if r := rows[1]; r.VsHAProxy != 2 || r.VsDirect != 0.5 || r.CPUVsHAProxy != 0.5 {
+		t.Errorf("localproxy upload: %+v", r)
+	}
+	if r := rows[3]; r.VsHAProxy != 0 || r.VsDirect != 0 {
+		t.Errorf("download without baselines: %+v", r)
+	}
+	idle := []DatapathIdleRow{
+		{Path: pathLocalProxy, Conns: 1000, KiBPerConn: 30},
+		{Path: pathHAProxy, Conns: 1000, KiBPerConn: 20},
+		{Path: pathLocalProxy, Conns: 10000, KiBPerConn: 30},
+	}
+	fillIdleRatios(idle)
+	if idle[0].KiBVsHAProxy != 1.5 || idle[2].KiBVsHAProxy != 0 {
+		t.Errorf("idle ratios: %+v", idle)
+	}
+}
+
+func TestDatapathMarkdown(t *testing.T) {
+	r := &Results{Date: "2026-01-02 03:04 UTC", Datapath: &DatapathResults{
+		Config:     datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820},
+		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1}},
+		Idle: []DatapathIdleRow{
+			{Path: pathNginx, Processes: 3, RSSKiB: 10240, FDs: 20},
+			{Path: pathNginx, Conns: 1000, Held: 990, Processes: 3, RSSKiB: 20480, FDs: 2000, KiBPerConn: 10.34, FDsPerConn: 2, KiBVsHAProxy: 0.5, Note: "held 990 of 1000 (10 failed to open)"},
+			{Path: pathHAProxy, Conns: 1000, Error: "gone | away"},
+		},
+	}}
+	wantLines(t, r.markdown(),
+		"### Data path",
+		"| upload | localproxy | 1234 | 1.10× | 0.50× | 0.800 | 0.90× |",
+		"| upload | direct | 2500 | - | 1.00× | - | - |",
+		"| nginx | 0 | 0 | 3 | 10.0 MiB | 20 | - | - | - |",
+		"| nginx (held 990 of 1000 (10 failed to open)) | 1000 | 990 | 3 | 20.0 MiB | 2000 | 10.3 KiB | 0.50× | 2.00 |",
+		"| haproxy | 1000 | error: gone / away |",
+		"raised to 9820",
+		"Asked for 1000, 10000 idle connections; with at most 20000 files per process here",
+		"measured at 1000, 9800.",
+	)
+	if fit, most := fitIdleConns([]int{1000, 10000, 20000}, 20000); most != 9800 || !slices.Equal(fit, []int{1000, 9800}) {
+		t.Errorf("fitIdleConns = %v, %d", fit, most)
+	}
+}
+
+// wantLines reports each of wants that md lacks.
+func wantLines(t *testing.T, md string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
 	}
+}
+
+// freePort returns a loopback address free a moment ago.
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

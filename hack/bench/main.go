@@ -34,6 +34,15 @@
 // a contender's health view counted an apiserver down or suspect.
 // -newconn-only runs just this.
 //
+// Data path: each L4 contender (localproxy, HAProxy, nginx; fresh
+// instances, side by side, configured as in front of the apiservers) in
+// front of a synthetic TCP sink in the bed's network namespace that passes
+// their health checks: bulk throughput each way (MiB/s, CPU seconds of the
+// proxy's processes per GiB; direct to the sink is the limit), then the
+// proxy's RSS and file descriptors at rest and holding 1,000 and 10,000
+// idle connections (-idle-conns), one contender at a time.
+// -datapath-only runs just this.
+//
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
 // _output/bench/results.json and results.md. Run it with `make bench` or
@@ -43,12 +52,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,13 +75,20 @@ type options struct {
 	skipFailover  bool
 	skipNewConn   bool
 	newConnOnly   bool
+	skipDatapath  bool
+	datapathOnly  bool
+	idleConns     string
 	overhead      overheadConfig
 	newConn       newConnConfig
+	datapath      datapathConfig
 	window        time.Duration
 	out           string
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == sinkCommand {
+		os.Exit(sinkMain(os.Args[2:]))
+	}
 	var o options
 	flag.StringVar(&o.paths, "paths", strings.Join(allPaths, ","), "comma-separated paths to measure (direct is the baseline of the overhead ratios)")
 	flag.StringVar(&o.faults, "faults", "kill,hang,blackhole,graceful", "comma-separated faults for the failover runs")
@@ -91,6 +110,11 @@ func main() {
 	flag.DurationVar(&o.newConn.Window, "newconn-window", 60*time.Second, "how long each fault of the new-connection runs is observed")
 	flag.DurationVar(&o.newConn.Loaded, "newconn-loaded", 60*time.Second, "length of the loaded new-connection run without a fault (0: none)")
 	flag.IntVar(&o.newConn.Burners, "newconn-burners", runtime.NumCPU(), "CPU-burning processes during the loaded new-connection run")
+	flag.BoolVar(&o.skipDatapath, "skip-datapath", false, "skip the data-path measurement (throughput, idle connections)")
+	flag.BoolVar(&o.datapathOnly, "datapath-only", false, "run only the data-path measurement")
+	flag.IntVar(&o.datapath.MiB, "datapath-mib", 1024, "MiB each way through each contender in the throughput measurement")
+	flag.IntVar(&o.datapath.Rounds, "datapath-rounds", 4, "interleaved rounds of the throughput measurement")
+	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -138,9 +162,29 @@ func (o *options) validate() error {
 	if c.Rounds < 1 || c.GetSeq < c.Rounds || c.GetConc < c.Rounds || c.Lists < c.Rounds || c.NewConn < c.Rounds || c.Concurrency < 1 {
 		return fmt.Errorf("overhead counts must be at least -rounds (%d), -concurrency at least 1", c.Rounds)
 	}
-	if o.newConnOnly {
-		o.skipOverhead, o.skipFailover, o.skipNewConn = true, true, false
+	if o.newConnOnly && o.datapathOnly {
+		return errors.New("-newconn-only and -datapath-only: choose one")
 	}
+	if o.newConnOnly {
+		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath = true, true, false, true
+	}
+	if o.datapathOnly {
+		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath = true, true, true, false
+	}
+	d := &o.datapath
+	if d.MiB < 1 || d.Rounds < 1 || d.MiB < d.Rounds {
+		return fmt.Errorf("-datapath-mib at least -datapath-rounds (%d), which is at least 1", d.Rounds)
+	}
+	d.IdleConns = nil
+	for _, f := range splitList(o.idleConns) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return fmt.Errorf("-idle-conns: %q is not a positive count", f)
+		}
+		d.IdleConns = append(d.IdleConns, n)
+	}
+	slices.Sort(d.IdleConns)
+	d.IdleConns = slices.Compact(d.IdleConns)
 	n := o.newConn
 	if n.Rate < 1 || n.Timeout <= 0 || n.Window < newConnTail || n.Loaded < 0 || n.Burners < 0 {
 		return fmt.Errorf("-newconn-rate at least 1, -newconn-timeout positive, -newconn-window at least %s, -newconn-loaded and -newconn-burners not negative", newConnTail)

@@ -343,6 +343,19 @@ func proxyPath(e *env, name, listen string, p *proc, pids func() []int) (*client
 	}, nil
 }
 
+// localproxyStatus reads the /status of the localproxy binary the
+// benchmark runs.
+func localproxyStatus() (localproxy.Status, error) {
+	var st localproxy.Status
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(localproxyHealthPort) + "/status")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
 func startLocalProxy(ctx context.Context, e *env, dir string) (*clientPath, error) {
 	kubeconfig := filepath.Join(dir, "localproxy.kubeconfig")
 	if err := e.bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.LocalProxyIdentity); err != nil {
@@ -359,16 +372,7 @@ func startLocalProxy(ctx context.Context, e *env, dir string) (*clientPath, erro
 	if err != nil {
 		return nil, err
 	}
-	status := func() (localproxy.Status, error) {
-		var st localproxy.Status
-		c := http.Client{Timeout: time.Second}
-		resp, err := c.Get("http://127.0.0.1:" + strconv.Itoa(localproxyHealthPort) + "/status")
-		if err != nil {
-			return st, err
-		}
-		defer resp.Body.Close()
-		return st, json.NewDecoder(resp.Body).Decode(&st)
-	}
+	status := localproxyStatus
 	cp.views = func() (map[string]endpointView, error) {
 		st, err := status()
 		if err != nil {
@@ -403,7 +407,7 @@ func startLocalProxy(ctx context.Context, e *env, dir string) (*clientPath, erro
 
 func startHAProxyPath(ctx context.Context, e *env, dir string) (*clientPath, error) {
 	names, addrs := e.servers()
-	p, sock, err := startHAProxy(ctx, dir, names, addrs)
+	p, sock, err := startHAProxy(ctx, dir, names, addrs, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -453,6 +457,22 @@ func startHAProxyPath(ctx context.Context, e *env, dir string) (*clientPath, err
 	return cp, nil
 }
 
+// nginxTree returns nginx's processes: the master p and its workers (forked
+// once), read again at most every second.
+func nginxTree(p *proc) func() []int {
+	var mu sync.Mutex
+	var pids []int
+	var at time.Time
+	return func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(at) > time.Second {
+			pids, at = processTree(p.pid()), time.Now()
+		}
+		return pids
+	}
+}
+
 func startNginxPath(ctx context.Context, e *env, dir string) (*clientPath, error) {
 	_, addrs := e.servers()
 	sessionLog := ""
@@ -463,18 +483,7 @@ func startNginxPath(ctx context.Context, e *env, dir string) (*clientPath, error
 	if err != nil {
 		return nil, err
 	}
-	var mu sync.Mutex
-	var pids []int
-	var at time.Time
-	tree := func() []int { // master and workers; the workers are forked once
-		mu.Lock()
-		defer mu.Unlock()
-		if time.Since(at) > time.Second {
-			pids, at = processTree(p.pid()), time.Now()
-		}
-		return pids
-	}
-	cp, err := proxyPath(e, pathNginx, nginxListen, p, tree)
+	cp, err := proxyPath(e, pathNginx, nginxListen, p, nginxTree(p))
 	if err != nil || sessionLog == "" {
 		return cp, err
 	}

@@ -33,14 +33,24 @@ const (
 )
 
 // haproxyConfig renders kubespray's HAProxy configuration for servers
-// (name -> host:port, in order) listening on listen.
-func haproxyConfig(listen string, names, servers []string, statsSocket string) string {
+// (name -> host:port, in order) listening on listen. maxconn, if not 0,
+// replaces kubespray's connection limits (4000 in all, 1000 per server)
+// with maxconn for both.
+func haproxyConfig(listen string, names, servers []string, statsSocket string, maxconn int) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	w("# kubespray's node-local apiserver load balancer (hack/bench/peers.go):")
 	w("# roles/kubernetes/node/templates/loadbalancer/haproxy.cfg.j2")
+	limit, serverLimit := 4000, 1000
+	if maxconn != 0 {
+		limit, serverLimit = maxconn, maxconn
+	}
 	w("global")
-	w("    maxconn 4000")
+	if maxconn != 0 {
+		w("    # not in kubespray (4000 in all, 1000 per server): room for the")
+		w("    # benchmark's idle connections.")
+	}
+	w("    maxconn %d", limit)
 	w("    # kubespray: log 127.0.0.1 local0 (syslog); here the process's stderr.")
 	w("    log stderr format raw local0")
 	w("    # not in kubespray: the benchmark reads the server states (show stat).")
@@ -64,7 +74,7 @@ func haproxyConfig(listen string, names, servers []string, statsSocket string) s
 	w("    timeout server 15m")
 	w("    timeout http-keep-alive 30s")
 	w("    timeout check 30s")
-	w("    maxconn 4000")
+	w("    maxconn %d", limit)
 	w("")
 	w("frontend kube_api_frontend")
 	w("    bind %s", listen)
@@ -77,7 +87,7 @@ func haproxyConfig(listen string, names, servers []string, statsSocket string) s
 	w("    balance leastconn")
 	w("    # Health: GET /healthz over TLS without verification every 15s;")
 	w("    # 2 failures mark a server down, 2 successes up again.")
-	w("    default-server inter 15s downinter 15s rise 2 fall 2 slowstart 60s maxconn 1000 maxqueue 256 weight 100")
+	w("    default-server inter 15s downinter 15s rise 2 fall 2 slowstart 60s maxconn %d maxqueue 256 weight 100", serverLimit)
 	w("    option httpchk GET /healthz")
 	w("    http-check expect status 200")
 	for i, s := range servers {
@@ -243,11 +253,11 @@ func tail(path string, n int) string {
 }
 
 // startHAProxy writes the kubespray configuration into dir and starts
-// haproxy in the foreground.
-func startHAProxy(ctx context.Context, dir string, names, servers []string) (*proc, string, error) {
+// haproxy in the foreground; maxconn as in haproxyConfig.
+func startHAProxy(ctx context.Context, dir string, names, servers []string, maxconn int) (*proc, string, error) {
 	sock := filepath.Join(dir, "haproxy.sock")
 	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(haproxyConfig(haproxyListen, names, servers, sock)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(haproxyListen, names, servers, sock, maxconn)), 0o644); err != nil {
 		return nil, "", err
 	}
 	p, err := startProc(ctx, "haproxy", filepath.Join(dir, "haproxy.log"), haproxyListen, "haproxy", "-db", "-f", cfg)
@@ -342,20 +352,22 @@ func peerVersion(name string) string {
 
 // localproxyArgs are the flags of the localproxy binary: the bed's three
 // apiservers, probes verified with the bed's CA, EndpointSlice discovery
-// through itself (as the README recommends) and every other setting at its
-// default.
+// through itself (as the README recommends; not without a kubeconfig) and
+// every other setting at its default.
 func localproxyArgs(servers []string, caFile, serverName, kubeconfig string) []string {
-	return []string{
+	args := []string{
 		"--endpoints=" + strings.Join(servers, ","),
 		"--bind-address=127.0.0.1",
 		"--bind-port=" + strconv.Itoa(localproxyListenPort),
 		"--health-port=" + strconv.Itoa(localproxyHealthPort),
 		"--ca-file=" + caFile,
 		"--tls-server-name=" + serverName,
-		"--enable-discovery",
-		"--kubeconfig=" + kubeconfig,
 		// Close what is left at once when a run ends, so the next run can
 		// bind the port.
 		"--shutdown-timeout=0",
 	}
+	if kubeconfig != "" {
+		args = append(args, "--enable-discovery", "--kubeconfig="+kubeconfig)
+	}
+	return args
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -26,8 +27,9 @@ type Results struct {
 		Faults map[string]string `json:"faults"`
 		Rows   []FailoverRow     `json:"rows"`
 	} `json:"failover"`
-	NewConn         *NewConnResults `json:"new_connection,omitempty"`
-	DurationSeconds float64         `json:"duration_s"`
+	NewConn         *NewConnResults  `json:"new_connection,omitempty"`
+	Datapath        *DatapathResults `json:"data_path,omitempty"`
+	DurationSeconds float64          `json:"duration_s"`
 }
 
 // write stores results.json and results.md in dir.
@@ -118,7 +120,7 @@ func (r *Results) markdown() string {
 		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, f := range r.Failover.Rows {
 			if f.Error != "" {
-				w("| %s | %s | error: %s | | | | | | | | |", f.Fault, f.Path, strings.ReplaceAll(oneLine(f.Error, 200), "|", "/"))
+				w("| %s | %s | error: %s | | | | | | | | |", f.Fault, f.Path, errCell(f.Error))
 				continue
 			}
 			down := fmtWithin(f.MarkedDown, f.Observed)
@@ -144,6 +146,9 @@ func (r *Results) markdown() string {
 	if r.NewConn != nil && (len(r.NewConn.Rows) > 0 || len(r.NewConn.Loaded) > 0) {
 		r.NewConn.markdown(w)
 	}
+	if r.Datapath != nil && (len(r.Datapath.Throughput) > 0 || len(r.Datapath.Idle) > 0 || r.Datapath.Error != "") {
+		r.Datapath.markdown(w)
+	}
 	return b.String()
 }
 
@@ -160,7 +165,7 @@ func (n *NewConnResults) markdown(w func(string, ...any)) {
 		w("|---|---|---:|---:|---:|---:|---:|---:|")
 		for _, r := range n.Rows {
 			if r.Error != "" {
-				w("| %s | %s | error: %s | | | | | |", r.Fault, r.Path, strings.ReplaceAll(oneLine(r.Error, 200), "|", "/"))
+				w("| %s | %s | error: %s | | | | | |", r.Fault, r.Path, errCell(r.Error))
 				continue
 			}
 			failed := fmt.Sprintf("%d/%d", r.Failed, r.Requests)
@@ -211,6 +216,12 @@ func versionLine(v map[string]string) string {
 	return strings.Join(parts, ", ")
 }
 
+// errCell renders an error in a table cell: one line, at most 200
+// characters, no column separators.
+func errCell(err string) string {
+	return strings.ReplaceAll(oneLine(err, 200), "|", "/")
+}
+
 func oneLine(s string, n int) string {
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > n {
@@ -228,6 +239,69 @@ func idleLine(rows []OverheadRow) string {
 			seen[r.Path] = true
 			parts = append(parts, fmt.Sprintf("%s %.1fms/s", r.Path, r.IdleCPUms))
 		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// markdown renders the data-path tables.
+func (d *DatapathResults) markdown(w func(string, ...any)) {
+	c := d.Config
+	w("### Data path")
+	w("")
+	w("Each L4 contender, a fresh instance configured as in front of the apiservers (localproxy: the same flags without discovery; HAProxy and nginx: kubespray's configuration), forwards to its own listener of a TCP sink (a process of its own), which passes their health checks as an apiserver would (TLS with the apiserver certificate, 200). direct: the client to the sink itself, the limit. Client, sink and proxies share the machine's cores.")
+	w("")
+	if d.Error != "" {
+		w("Error: %s", d.Error)
+		w("")
+	}
+	if len(d.Throughput) > 0 {
+		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included.", c.MiB, c.Rounds)
+		w("")
+		w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy |")
+		w("|---|---|---:|---:|---:|---:|---:|")
+		for _, r := range d.Throughput {
+			cpu := "-"
+			if r.ProxyCPUPerGiB > 0 {
+				cpu = fmt.Sprintf("%.3f", r.ProxyCPUPerGiB)
+			}
+			w("| %s | %s | %.0f | %s | %s | %s | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), cpu, fmtRatio(r.CPUVsHAProxy))
+		}
+		w("")
+	}
+	if len(d.Idle) > 0 {
+		w("Idle connections: one contender at a time, plain TCP clients open connections through it to the sink (each answered by the sink), then leave them idle; %s later the proxy's RSS (VmRSS) and open file descriptors (/proc/PID/fd) are read, summed over its processes (nginx: master and 2 workers, shared pages counted in each). Per connection: above the contender at rest. HAProxy's connection limits are raised to %d for this (kubespray: 4000, 1000 per server). File descriptor limit of every process: %d.", idleSettle, c.HAProxyMaxconn, c.NofileLimit)
+		w("")
+		if len(c.Requested) > 0 {
+			w("Asked for %s idle connections; with at most %d files per process here (the hard limit, which the benchmark may not raise), a single-process proxy, two descriptors per connection, holds fewer: measured at %s.", intList(c.Requested), c.NofileLimit, intList(c.IdleConns))
+			w("")
+		}
+		w("| path | idle conns | held | processes | RSS | fds | RSS/conn | vs haproxy | fds/conn |")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, r := range d.Idle {
+			if r.Error != "" {
+				w("| %s | %d | error: %s | | | | | | |", r.Path, r.Conns, errCell(r.Error))
+				continue
+			}
+			perConn, fdsPer := "-", "-"
+			if r.Conns > 0 {
+				perConn, fdsPer = fmt.Sprintf("%.1f KiB", r.KiBPerConn), fmt.Sprintf("%.2f", r.FDsPerConn)
+			}
+			path := r.Path
+			if r.Note != "" {
+				path += " (" + r.Note + ")"
+			}
+			w("| %s | %d | %d | %d | %.1f MiB | %d | %s | %s | %s |", path, r.Conns, r.Held, r.Processes,
+				float64(r.RSSKiB)/1024, r.FDs, perConn, fmtRatio(r.KiBVsHAProxy), fdsPer)
+		}
+		w("")
+	}
+}
+
+// intList renders counts as "1000, 10000".
+func intList(ns []int) string {
+	parts := make([]string, len(ns))
+	for i, n := range ns {
+		parts[i] = strconv.Itoa(n)
 	}
 	return strings.Join(parts, ", ")
 }

@@ -149,6 +149,12 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 		}
 	}
 
+	if !o.skipDatapath && ctx.Err() == nil {
+		dp, fails := runDatapath(ctx, e, paths, o.datapath, say)
+		res.Datapath = dp
+		failures = append(failures, fails...)
+	}
+
 	if !o.skipFailover {
 		res.Failover.Faults = make(map[string]string)
 		for _, name := range splitList(o.faults) {
