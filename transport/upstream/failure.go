@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"strconv"
+	"syscall"
 )
 
 // Failure classifies a passive failure seen on real traffic.
@@ -87,4 +88,17 @@ func IsCertificateTimeError(err error) bool {
 	}
 	var ci x509.CertificateInvalidError
 	return errors.As(err, &ci) && ci.Reason == x509.Expired
+}
+
+// IsLocalError reports whether err is this host running out of a
+// resource (file descriptors, kernel buffers, memory): it says nothing
+// about the endpoint, so the pool does not count it, and a proxy at its
+// descriptor limit does not cut the connections of a healthy server.
+func IsLocalError(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
 }

@@ -441,6 +441,12 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 		return
 	}
 	e.lastErr = err
+	if IsLocalError(err) {
+		// This host is out of descriptors or memory: nothing learned
+		// about e.
+		p.cfg.Logger.Info("this host is out of a resource; not counted against the endpoint", "addr", e.addr, "err", err.Error())
+		return
+	}
 	if quarantines(f, err) {
 		p.quarantineLocked(e, err, now)
 		return

@@ -1,6 +1,10 @@
 package upstream_test
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -95,4 +99,25 @@ func TestWaitingBreaksTiesOnly(t *testing.T) {
 	assert.Equal(t, other, p.Candidates()[0], "a suspect endpoint went first for having fewer waiting")
 	p.AddWaiting(addrA, -10)
 	assert.Zero(t, statusOf(t, p, addrA).Waiting, "negative")
+}
+
+// This host running out of file descriptors (or buffers, or memory) says
+// nothing about the endpoint: a probe or a dial failing that way must not
+// mark it down, or a proxy at its descriptor limit would cut every
+// connection to a healthy server.
+func TestLocalExhaustionIsNotTheEndpoints(t *testing.T) {
+	p := newPool(t, upstream.Config{Fall: 2})
+	mustSet(t, p, upstream.SourceStatic, specs(addrA))
+	p.ReportSuccess(addrA)
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		err := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", errno)}
+		for range 3 {
+			p.ReportFailure(addrA, upstream.FailureDial, err)
+		}
+		s := statusOf(t, p, addrA)
+		assert.Equal(t, upstream.StateHealthy, s.State, "%v", errno)
+		assert.False(t, s.Suspect, "%v", errno)
+	}
+	assert.True(t, upstream.IsLocalError(fmt.Errorf("probe: %w", &net.OpError{Err: os.NewSyscallError("socket", syscall.EMFILE)})))
+	assert.False(t, upstream.IsLocalError(syscall.ECONNREFUSED))
 }
