@@ -190,8 +190,14 @@ func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<
 		first(n, err)
 	}
 	for err == nil && !eof {
-		lr := &io.LimitedReader{R: src, N: copyChunk}
+		// Splice only what has arrived: a splice waiting for data would
+		// hold a kernel pipe (two descriptors) for as long as the
+		// connection idles.
 		var n int64
+		if n, err = awaitData(src); err != nil {
+			break
+		}
+		lr := &io.LimitedReader{R: src, N: n}
 		n, err = io.Copy(dst, lr)
 		bytes.Add(float64(n))
 		eof = err == nil && lr.N > 0 // src reached EOF

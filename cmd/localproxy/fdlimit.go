@@ -7,12 +7,14 @@ import (
 )
 
 // File descriptors localproxy needs: fdsPerConn per client connection
-// while both directions are spliced (the client's socket, the upstream's,
-// and a kernel pipe per direction), and fdsReserve for listeners, the
-// health server (at most 32 connections), probes, discovery, the state
-// file and the runtime.
+// (the client's socket and the upstream's; a connection takes a kernel
+// pipe, two more, only while bytes are being spliced, and a splice that
+// finds no descriptor left copies through a buffer instead: the third is
+// room for a pipe on every other connection at once), and fdsReserve for
+// listeners, the health server (at most 32 connections), probes,
+// discovery, the state file and the runtime.
 const (
-	fdsPerConn = 6
+	fdsPerConn = 3
 	fdsReserve = 128
 )
 

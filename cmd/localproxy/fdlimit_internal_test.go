@@ -23,12 +23,12 @@ func TestFileLimitError(t *testing.T) {
 	assert.NoError(t, fileLimitError(10000, unix.RLIM_INFINITY))
 	err := fileLimitError(10000, 1024)
 	require.Error(t, err)
-	for _, want := range []string{"--max-connections=10000", "60128 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 149"} {
+	for _, want := range []string{"--max-connections=10000", "30128 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 298"} {
 		assert.Contains(t, err.Error(), want)
 	}
-	assert.NoError(t, fileLimitError(149, 1024), "the suggested maximum fits")
-	assert.Error(t, fileLimitError(150, 1024))
-	assert.Equal(t, 149, maxConnsFor(1024))
+	assert.NoError(t, fileLimitError(298, 1024), "the suggested maximum fits")
+	assert.Error(t, fileLimitError(299, 1024))
+	assert.Equal(t, 298, maxConnsFor(1024))
 	assert.Zero(t, maxConnsFor(100))
 }
 
