@@ -34,6 +34,14 @@
 // a contender's health view counted an apiserver down or suspect.
 // -newconn-only runs just this.
 //
+// Health cost at rest: -cost-clients idle clients of one kind at a time
+// (transport.Wrap and localproxy, probing readyz and held; HAProxy as
+// kubespray configures it and checking every second; transport.Wrap held
+// with a PING every second, for the PINGs' share) against the three
+// apiservers, for -cost-window; the apiservers' CPU time per client per
+// second, their own at rest taken off, and the clients' own. -cost-only
+// runs just this.
+//
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
 // _output/bench/results.json and results.md. Run it with `make bench` or
@@ -43,6 +51,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -63,6 +72,9 @@ type options struct {
 	skipFailover  bool
 	skipNewConn   bool
 	newConnOnly   bool
+	skipCost      bool
+	costOnly      bool
+	cost          costConfig
 	overhead      overheadConfig
 	newConn       newConnConfig
 	window        time.Duration
@@ -91,6 +103,10 @@ func main() {
 	flag.DurationVar(&o.newConn.Window, "newconn-window", 60*time.Second, "how long each fault of the new-connection runs is observed")
 	flag.DurationVar(&o.newConn.Loaded, "newconn-loaded", 60*time.Second, "length of the loaded new-connection run without a fault (0: none)")
 	flag.IntVar(&o.newConn.Burners, "newconn-burners", runtime.NumCPU(), "CPU-burning processes during the loaded new-connection run")
+	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest")
+	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest")
+	flag.IntVar(&o.cost.Clients, "cost-clients", 20, "idle clients of each contender of the health cost at rest")
+	flag.DurationVar(&o.cost.Window, "cost-window", 30*time.Second, "how long the health cost at rest of each contender is measured")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -140,6 +156,15 @@ func (o *options) validate() error {
 	}
 	if o.newConnOnly {
 		o.skipOverhead, o.skipFailover, o.skipNewConn = true, true, false
+	}
+	if o.costOnly {
+		if o.newConnOnly || o.skipCost {
+			return errors.New("-cost-only: not with -newconn-only or -skip-cost")
+		}
+		o.skipOverhead, o.skipFailover, o.skipNewConn = true, true, true
+	}
+	if o.cost.Clients < 1 || o.cost.Clients > costMaxClients || o.cost.Window < time.Second {
+		return fmt.Errorf("-cost-clients from 1 to %d, -cost-window at least 1s", costMaxClients)
 	}
 	n := o.newConn
 	if n.Rate < 1 || n.Timeout <= 0 || n.Window < newConnTail || n.Loaded < 0 || n.Burners < 0 {

@@ -27,6 +27,7 @@ type Results struct {
 		Rows   []FailoverRow     `json:"rows"`
 	} `json:"failover"`
 	NewConn         *NewConnResults `json:"new_connection,omitempty"`
+	Cost            *CostResults    `json:"health_cost,omitempty"`
 	DurationSeconds float64         `json:"duration_s"`
 }
 
@@ -143,6 +144,9 @@ func (r *Results) markdown() string {
 	}
 	if r.NewConn != nil && (len(r.NewConn.Rows) > 0 || len(r.NewConn.Loaded) > 0) {
 		r.NewConn.markdown(w)
+	}
+	if r.Cost != nil {
+		r.Cost.markdown(w)
 	}
 	return b.String()
 }
