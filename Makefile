@@ -42,7 +42,7 @@ demo: deps
 ## bench: benchmarks with ratios against baselines measured in the same run: the
 ## Go micro-benchmarks, then the peer benchmark (hack/bench: direct, transport,
 ## localproxy, HAProxy and nginx on a real control plane; installs haproxy and
-## nginx; about 30 minutes with the new-connection and data-path runs; results in _output/bench/).
+## nginx; about 40 minutes with the new-connection, data-path and health-cost runs; results in _output/bench/).
 bench:
 	@echo "==> Go micro-benchmarks"
 	$(GO) test -run=NONE -bench=. -benchmem $(UNIT_PKGS)

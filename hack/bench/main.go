@@ -43,6 +43,14 @@
 // idle connections (-idle-conns), one contender at a time.
 // -datapath-only runs just this.
 //
+// Health cost at rest: -cost-clients idle clients of one kind at a time
+// (transport.Wrap and localproxy, probing readyz and held; HAProxy as
+// kubespray configures it and checking every second; transport.Wrap held
+// with a PING every second, for the PINGs' share) against the three
+// apiservers, for -cost-window; the apiservers' CPU time per client per
+// second, their own at rest taken off, and the clients' own. -cost-only
+// runs just this.
+//
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
 // _output/bench/results.json and results.md. Run it with `make bench` or
@@ -78,6 +86,9 @@ type options struct {
 	skipDatapath  bool
 	datapathOnly  bool
 	idleConns     string
+	skipCost      bool
+	costOnly      bool
+	cost          costConfig
 	overhead      overheadConfig
 	newConn       newConnConfig
 	datapath      datapathConfig
@@ -115,6 +126,10 @@ func main() {
 	flag.IntVar(&o.datapath.MiB, "datapath-mib", 1024, "MiB each way through each contender in the throughput measurement")
 	flag.IntVar(&o.datapath.Rounds, "datapath-rounds", 4, "interleaved rounds of the throughput measurement")
 	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
+	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest")
+	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest")
+	flag.IntVar(&o.cost.Clients, "cost-clients", 20, "idle clients of each contender of the health cost at rest")
+	flag.DurationVar(&o.cost.Window, "cost-window", 30*time.Second, "how long the health cost at rest of each contender is measured")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -166,10 +181,10 @@ func (o *options) validate() error {
 		return errors.New("-newconn-only and -datapath-only: choose one")
 	}
 	if o.newConnOnly {
-		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath = true, true, false, true
+		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath, o.skipCost = true, true, false, true, true
 	}
 	if o.datapathOnly {
-		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath = true, true, true, false
+		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath, o.skipCost = true, true, true, false, true
 	}
 	d := &o.datapath
 	if d.MiB < 1 || d.Rounds < 1 || d.MiB < d.Rounds {
@@ -185,6 +200,15 @@ func (o *options) validate() error {
 	}
 	slices.Sort(d.IdleConns)
 	d.IdleConns = slices.Compact(d.IdleConns)
+	if o.costOnly {
+		if o.newConnOnly || o.datapathOnly || o.skipCost {
+			return errors.New("-cost-only: not with -newconn-only, -datapath-only or -skip-cost")
+		}
+		o.skipOverhead, o.skipFailover, o.skipNewConn, o.skipDatapath = true, true, true, true
+	}
+	if o.cost.Clients < 1 || o.cost.Clients > costMaxClients || o.cost.Window < time.Second {
+		return fmt.Errorf("-cost-clients from 1 to %d, -cost-window at least 1s", costMaxClients)
+	}
 	n := o.newConn
 	if n.Rate < 1 || n.Timeout <= 0 || n.Window < newConnTail || n.Loaded < 0 || n.Burners < 0 {
 		return fmt.Errorf("-newconn-rate at least 1, -newconn-timeout positive, -newconn-window at least %s, -newconn-loaded and -newconn-burners not negative", newConnTail)

@@ -29,6 +29,7 @@ type Results struct {
 	} `json:"failover"`
 	NewConn         *NewConnResults  `json:"new_connection,omitempty"`
 	Datapath        *DatapathResults `json:"data_path,omitempty"`
+	Cost            *CostResults     `json:"health_cost,omitempty"`
 	DurationSeconds float64          `json:"duration_s"`
 }
 
@@ -148,6 +149,9 @@ func (r *Results) markdown() string {
 	}
 	if r.Datapath != nil && (len(r.Datapath.Throughput) > 0 || len(r.Datapath.Idle) > 0 || r.Datapath.Error != "") {
 		r.Datapath.markdown(w)
+	}
+	if r.Cost != nil {
+		r.Cost.markdown(w)
 	}
 	return b.String()
 }

@@ -187,6 +187,12 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 		failures = append(failures, fails...)
 	}
 
+	if !o.skipCost && ctx.Err() == nil {
+		cost, fails := runCost(ctx, e, o.cost, say)
+		res.Cost = cost
+		failures = append(failures, fails...)
+	}
+
 	res.DurationSeconds = round(time.Since(began).Seconds(), 1)
 	md, err := res.write(out)
 	if err != nil {

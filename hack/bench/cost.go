@@ -1,0 +1,747 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Health cost at rest: what health checking alone costs the control plane
+// per client. Each contender runs alone in turn, N idle clients of one
+// kind against the bed's three apiservers (no client traffic, only their
+// health checks), for a fixed window after a settle; the apiservers' CPU
+// time over the window, less the apiservers' own at rest (contender
+// "none", measured just before and just after, averaged: the apiservers'
+// use at rest drifts over minutes), divided by N and by the window, is
+// the cost per client.
+
+// Contender names of the cost measurement.
+const (
+	costTransportReadyz  = "transport-readyz"
+	costTransportHeld    = "transport-held"
+	costTransportHeld1s  = "transport-held-ping-1s"
+	costLocalProxyReadyz = "localproxy-readyz"
+	costLocalProxyHeld   = "localproxy-held"
+	costHAProxyKubespray = "haproxy-kubespray"
+	costHAProxyInter1s   = "haproxy-inter-1s"
+	costNone             = "none"
+)
+
+// costContenders in the order they run, each between two baselines.
+// transport-held-ping-1s tells the PINGs' share of transport-held's cost.
+var costContenders = []string{
+	costTransportReadyz, costTransportHeld,
+	costLocalProxyReadyz, costLocalProxyHeld,
+	costHAProxyKubespray, costHAProxyInter1s,
+	costTransportHeld1s,
+}
+
+// costDescriptions for the report.
+var costDescriptions = map[string]string{
+	costTransportReadyz:  "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second)",
+	costTransportHeld:    "transport.Wrap clients in the bench process, probe held (GET /readyz every second and a PING every 250ms on one HTTP/2 connection per apiserver)",
+	costTransportHeld1s:  "as transport-held with ProbePingInterval 1s (not a default: tells the PINGs' share)",
+	costLocalProxyReadyz: "localproxy processes, --probe=readyz",
+	costLocalProxyHeld:   "localproxy processes, --probe=held",
+	costHAProxyKubespray: "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
+	costHAProxyInter1s:   "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
+	costNone:             "no client: the apiservers at rest",
+}
+
+// Ports of the cost contenders' instance i: base + i, apart from the
+// ports of the other measurements.
+const (
+	costHAProxyPortBase          = 16000
+	costLocalProxyPortBase       = 17000
+	costLocalProxyHealthPortBase = 18000
+	costMaxClients               = 900
+)
+
+const (
+	// costSettle is how long the clients run before the window opens,
+	// once every one counts every apiserver healthy.
+	costSettle = 5 * time.Second
+	// costReadyLimit bounds the wait for that.
+	costReadyLimit = 60 * time.Second
+	// costUserHZ is the unit of utime and stime in /proc/PID/stat (USER_HZ,
+	// 100 on every Linux architecture Go runs on).
+	costUserHZ = 100
+)
+
+// costConfig are the cost measurement's settings.
+type costConfig struct {
+	Clients int           `json:"clients"`
+	Window  time.Duration `json:"-"`
+	WindowS float64       `json:"window_s"`
+	SettleS float64       `json:"settle_s"`
+}
+
+// CostResults is the health cost at rest in results.json.
+type CostResults struct {
+	Config     costConfig        `json:"config"`
+	Contenders map[string]string `json:"contenders"`
+	Rows       []CostRow         `json:"rows"`
+	// Baselines are the "none" windows: before the first contender,
+	// between two, after the last.
+	Baselines []CostSample `json:"baselines"`
+	Error     string       `json:"error,omitempty"`
+}
+
+// CostSample is the CPU use measured over one window, in milliseconds of
+// CPU per second of wall time.
+type CostSample struct {
+	Contender string  `json:"contender"`
+	WallS     float64 `json:"wall_s"`
+	// APIServerMs: the three kube-apiserver processes together.
+	APIServerMs float64 `json:"apiserver_ms_per_s"`
+	EtcdMs      float64 `json:"etcd_ms_per_s"`
+	// ClientMs: the contender's processes, or for in-process clients the
+	// bench process.
+	ClientMs float64 `json:"client_ms_per_s"`
+}
+
+// CostRow is one contender's cost per client.
+type CostRow struct {
+	Contender string     `json:"contender"`
+	Raw       CostSample `json:"raw"`
+	// APIServerPerClient: apiserver CPU ms per client per second, the
+	// baseline taken off.
+	APIServerPerClient float64 `json:"apiserver_ms_per_client_s"`
+	EtcdPerClient      float64 `json:"etcd_ms_per_client_s"`
+	// ClientPerClient: the client side's own CPU ms per client per second
+	// (in process: the bench process's use at rest taken off).
+	ClientPerClient float64 `json:"client_ms_per_client_s"`
+	// Drift: how much the apiservers' use at rest before and after the
+	// contender differ, per client (ms/client/s): the noise of
+	// APIServerPerClient.
+	Drift float64 `json:"baseline_drift_ms_per_client_s"`
+	// VsHAProxy and VsLocalProxy: APIServerPerClient against
+	// haproxy-kubespray's and localproxy-readyz's (0: not computable).
+	VsHAProxy    float64 `json:"vs_haproxy_kubespray,omitempty"`
+	VsLocalProxy float64 `json:"vs_localproxy_readyz,omitempty"`
+	// Cores5000: APIServerPerClient × 5000 / 1000, the cores of API
+	// server CPU 5,000 such clients (one per node) take.
+	Cores5000 float64 `json:"cores_5000_nodes"`
+	// Unhealthy lists the apiservers a client did not count healthy at
+	// the end of the window.
+	Unhealthy string `json:"unhealthy,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// costGroup is one contender's N clients.
+type costGroup struct {
+	// pids are the client processes; nil for clients in the bench process.
+	pids func() []int
+	// unhealthy describes the apiservers some client does not count
+	// healthy, "" when every client counts every one healthy.
+	unhealthy func() string
+	// exited describes client processes that died, "" if none did.
+	exited func() string
+	close  func()
+}
+
+// runCost measures every contender and the baselines.
+func runCost(ctx context.Context, e *env, cfg costConfig, say func(string, ...any)) (*CostResults, []string) {
+	cfg.WindowS, cfg.SettleS = cfg.Window.Seconds(), costSettle.Seconds()
+	res := &CostResults{Config: cfg, Contenders: make(map[string]string)}
+	for _, c := range append(slices.Clone(costContenders), costNone) {
+		res.Contenders[c] = costDescriptions[c]
+	}
+	var failures []string
+	apiPids := func() []int {
+		var out []int
+		for _, s := range e.bed.APIServers() {
+			out = append(out, s.PID())
+		}
+		return out
+	}
+	etcdPid := costFindEtcd()
+	say("health cost at rest: %d idle clients per contender, %s window after %s", cfg.Clients, cfg.Window, costSettle)
+
+	baseline := func() {
+		s, err := costWindow(ctx, costNone, cfg.Window, apiPids, etcdPid, nil, say)
+		if err != nil {
+			failures = append(failures, "cost baseline: "+err.Error())
+			say("  %s: could not measure: %v", costNone, err)
+			s = CostSample{Contender: costNone}
+		} else {
+			say("  %s: apiservers %.1fms/s, etcd %.1fms/s, bench process %.1fms/s", costNone, s.APIServerMs, s.EtcdMs, s.ClientMs)
+		}
+		res.Baselines = append(res.Baselines, s)
+	}
+	var samples []CostSample
+	var errs, unhealthies []string
+	for _, name := range costContenders {
+		if ctx.Err() != nil {
+			break
+		}
+		baseline()
+		s, unhealthy, err := costContender(ctx, e, name, cfg, apiPids, etcdPid, say)
+		samples = append(samples, s)
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+			failures = append(failures, fmt.Sprintf("cost %s: %v", name, err))
+			say("  %s: could not measure: %v", name, err)
+		} else {
+			say("  %s: apiservers %.1fms/s, etcd %.1fms/s, clients %.1fms/s", name, s.APIServerMs, s.EtcdMs, s.ClientMs)
+			if unhealthy != "" {
+				say("  %s: at the end of the window: %s", name, unhealthy)
+			}
+		}
+		errs, unhealthies = append(errs, msg), append(unhealthies, unhealthy)
+		// Let the closed clients' connections go before the next baseline.
+		select {
+		case <-ctx.Done():
+		case <-time.After(costSettle):
+		}
+	}
+	if ctx.Err() == nil {
+		baseline()
+	}
+	res.Rows = costRows(samples, res.Baselines, cfg.Clients)
+	for i := range res.Rows {
+		res.Rows[i].Error, res.Rows[i].Unhealthy = errs[i], unhealthies[i]
+	}
+	return res, failures
+}
+
+// costRows turns the raw samples into per-client rows: sample i's
+// baseline is the mean of baselines i and i+1 (the "none" windows just
+// before and after it; those measured), taken off and divided by
+// clients; ratios against haproxy-kubespray and localproxy-readyz. A
+// sample of a contender that could not run (WallS 0), or without a
+// baseline, gives a row with its name only.
+func costRows(samples, baselines []CostSample, clients int) []CostRow {
+	n := float64(clients)
+	rows := make([]CostRow, len(samples))
+	for i, s := range samples {
+		r := CostRow{Contender: s.Contender, Raw: s}
+		var near []CostSample
+		for _, k := range []int{i, i + 1} {
+			if k < len(baselines) && baselines[k].WallS > 0 {
+				near = append(near, baselines[k])
+			}
+		}
+		if s.WallS > 0 && len(near) > 0 {
+			var base CostSample
+			for _, b := range near {
+				base.APIServerMs += b.APIServerMs / float64(len(near))
+				base.EtcdMs += b.EtcdMs / float64(len(near))
+				base.ClientMs += b.ClientMs / float64(len(near))
+			}
+			r.APIServerPerClient = round((s.APIServerMs-base.APIServerMs)/n, 3)
+			r.EtcdPerClient = round((s.EtcdMs-base.EtcdMs)/n, 3)
+			if costInProcess(s.Contender) {
+				r.ClientPerClient = round((s.ClientMs-base.ClientMs)/n, 3)
+			} else {
+				r.ClientPerClient = round(s.ClientMs/n, 3)
+			}
+			if len(near) == 2 {
+				d := near[1].APIServerMs - near[0].APIServerMs
+				r.Drift = round(max(d, -d)/n, 3)
+			}
+			r.Cores5000 = round(r.APIServerPerClient*5000/1000, 2)
+		}
+		rows[i] = r
+	}
+	ref := func(name string) float64 {
+		for _, r := range rows {
+			if r.Contender == name && r.Raw.WallS > 0 {
+				return r.APIServerPerClient
+			}
+		}
+		return 0
+	}
+	hap, lp := ref(costHAProxyKubespray), ref(costLocalProxyReadyz)
+	for i := range rows {
+		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 {
+			continue
+		}
+		if hap > 0 {
+			rows[i].VsHAProxy = round(rows[i].APIServerPerClient/hap, 2)
+		}
+		if lp > 0 {
+			rows[i].VsLocalProxy = round(rows[i].APIServerPerClient/lp, 2)
+		}
+	}
+	return rows
+}
+
+func costInProcess(contender string) bool {
+	return contender == costTransportReadyz || contender == costTransportHeld || contender == costTransportHeld1s
+}
+
+// costContender starts contender name's clients, waits until every one
+// counts every apiserver healthy, lets them settle and measures one
+// window.
+func costContender(ctx context.Context, e *env, name string, cfg costConfig, apiPids func() []int, etcdPid int, say func(string, ...any)) (CostSample, string, error) {
+	s := CostSample{Contender: name}
+	dir := filepath.Join(e.dir, "cost", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return s, "", err
+	}
+	say("  %s: starting %d clients", name, cfg.Clients)
+	g, err := startCostGroup(ctx, e, name, dir, cfg.Clients)
+	if err != nil {
+		return s, "", err
+	}
+	defer g.close()
+	began := time.Now()
+	if !waitUntil(ctx, costReadyLimit, func() bool { return g.unhealthy() == "" }) {
+		if ctx.Err() != nil {
+			return s, "", ctx.Err()
+		}
+		return s, "", fmt.Errorf("clients do not count every apiserver healthy after %s: %s", costReadyLimit, g.unhealthy())
+	}
+	say("  %s: every client counts every apiserver healthy after %.1fs; settling %s", name, time.Since(began).Seconds(), costSettle)
+	select {
+	case <-ctx.Done():
+		return s, "", ctx.Err()
+	case <-time.After(costSettle):
+	}
+	s, err = costWindow(ctx, name, cfg.Window, apiPids, etcdPid, g.pids, say)
+	if err != nil {
+		return s, "", err
+	}
+	if dead := g.exited(); dead != "" {
+		return CostSample{Contender: name}, "", fmt.Errorf("client processes exited during the window: %s", dead)
+	}
+	return s, g.unhealthy(), nil
+}
+
+// costWindow measures the CPU use of the apiservers, etcd and the
+// clients (pids; nil: the bench process) over window.
+func costWindow(ctx context.Context, name string, window time.Duration, apiPids func() []int, etcdPid int, pids func() []int, say func(string, ...any)) (CostSample, error) {
+	s := CostSample{Contender: name}
+	clientPids := func() []int {
+		if pids == nil {
+			return []int{os.Getpid()}
+		}
+		return pids()
+	}
+	api0 := apiPids()
+	// read returns the CPU time of the apiservers, etcd and the clients.
+	read := func() (api, etcd, client time.Duration, err error) {
+		if api, err = costStatCPU(api0); err != nil {
+			return 0, 0, 0, fmt.Errorf("apiserver CPU: %w", err)
+		}
+		etcd, _ = costStatCPU([]int{etcdPid})
+		if client, err = costStatCPU(clientPids()); err != nil {
+			return 0, 0, 0, fmt.Errorf("client CPU: %w", err)
+		}
+		return api, etcd, client, nil
+	}
+	a0, e0, c0, err := read()
+	if err != nil {
+		return s, err
+	}
+	began := time.Now()
+	say("  %s: measuring for %s", name, window)
+	select {
+	case <-ctx.Done():
+		return s, ctx.Err()
+	case <-time.After(window):
+	}
+	wall := time.Since(began)
+	if api1 := apiPids(); !slices.Equal(api0, api1) {
+		return s, fmt.Errorf("an apiserver restarted during the window (pids %v, then %v)", api0, api1)
+	}
+	a1, e1, c1, err := read()
+	if err != nil {
+		return s, err
+	}
+	perSec := func(d time.Duration) float64 { return round(float64(d.Milliseconds())/wall.Seconds(), 2) }
+	s.WallS = round(wall.Seconds(), 2)
+	s.APIServerMs, s.EtcdMs, s.ClientMs = perSec(a1-a0), perSec(e1-e0), perSec(c1-c0)
+	return s, nil
+}
+
+// costStatCPU returns the CPU time (utime + stime of /proc/PID/stat: every
+// thread's, those that exited included) of pids.
+func costStatCPU(pids []int) (time.Duration, error) {
+	var total time.Duration
+	for _, p := range pids {
+		if p <= 0 {
+			return 0, fmt.Errorf("no process (pid %d)", p)
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "stat"))
+		if err != nil {
+			return 0, err
+		}
+		d, err := costParseStat(string(b))
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", p, err)
+		}
+		total += d
+	}
+	return total, nil
+}
+
+// costParseStat returns utime + stime of a /proc/PID/stat line.
+func costParseStat(stat string) (time.Duration, error) {
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses, so
+	// split after the last ')'. utime and stime are fields 14 and 15.
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no command name in %q", oneLine(stat, 80))
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("utime/stime %q: %w", s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / costUserHZ, nil
+}
+
+// costFindEtcd returns the pid of the bed's etcd, a child of this process; 0
+// if not found (its column is then 0).
+func costFindEtcd() int {
+	for _, p := range processTree(os.Getpid()) {
+		if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "comm")); err == nil && strings.TrimSpace(string(b)) == "etcd" {
+			return p
+		}
+	}
+	return 0
+}
+
+// startCostGroup starts n clients of contender name.
+func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*costGroup, error) {
+	switch name {
+	case costTransportReadyz:
+		return startCostTransport(ctx, e, n, endpoint.ProbeReadyz, 0)
+	case costTransportHeld:
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, 0)
+	case costTransportHeld1s:
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, time.Second)
+	case costLocalProxyReadyz:
+		return startCostLocalProxies(ctx, e, dir, n, "readyz")
+	case costLocalProxyHeld:
+		return startCostLocalProxies(ctx, e, dir, n, "held")
+	case costHAProxyKubespray:
+		return startCostHAProxies(ctx, e, dir, n, false)
+	case costHAProxyInter1s:
+		return startCostHAProxies(ctx, e, dir, n, true)
+	}
+	return nil, fmt.Errorf("unknown contender %q", name)
+}
+
+// startCostTransport builds n transport.Wrap clients of the origin with
+// the other apiservers as static endpoints, discovery off (its watch
+// would add to what is measured), probe mode, PINGs (ProbeHeld) every
+// ping (0: the default).
+func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, ping time.Duration) (*costGroup, error) {
+	_, addrs := e.servers()
+	var fs []*transport.Failover
+	closeAll := func() {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	for range n {
+		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Origin), transport.Options{
+			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode, ProbePingInterval: ping,
+		})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		fs = append(fs, f)
+	}
+	return &costGroup{
+		unhealthy: func() string {
+			var bad []string
+			for i, f := range fs {
+				bad = append(bad, costUnhealthy(i, addrs, f.Pool().Status())...)
+			}
+			return costSummary(bad)
+		},
+		exited: func() string { return "" },
+		close:  closeAll,
+	}, nil
+}
+
+// costUnhealthy lists the addrs client i does not count healthy, with the
+// last error it saw.
+func costUnhealthy(i int, addrs []string, st []upstream.Status) []string {
+	by := make(map[string]upstream.Status, len(st))
+	for _, s := range st {
+		by[s.Addr] = s
+	}
+	var bad []string
+	for _, a := range addrs {
+		s, ok := by[a]
+		switch {
+		case !ok:
+			bad = append(bad, fmt.Sprintf("client %d: %s not in the pool", i+1, a))
+		case s.State != upstream.StateHealthy || s.RTT == 0:
+			msg := fmt.Sprintf("client %d: %s %s", i+1, a, s.State)
+			if s.LastError != "" {
+				msg += " (" + s.LastError + ")"
+			}
+			bad = append(bad, msg)
+		}
+	}
+	return bad
+}
+
+// costSummary shows the first few problems and how many there are.
+func costSummary(bad []string) string {
+	if len(bad) == 0 {
+		return ""
+	}
+	const show = 3
+	if len(bad) <= show {
+		return strings.Join(bad, "; ")
+	}
+	return fmt.Sprintf("%s; and %d more", strings.Join(bad[:show], "; "), len(bad)-show)
+}
+
+// startCostLocalProxies starts n localproxy processes with the bed's
+// apiservers as static endpoints, discovery off, --probe=mode, probes
+// authenticated with the localproxy identity's token.
+func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string) (*costGroup, error) {
+	kubeconfig := filepath.Join(dir, "localproxy.kubeconfig")
+	if err := e.bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.LocalProxyIdentity); err != nil {
+		return nil, err
+	}
+	_, addrs := e.servers()
+	var procs []*proc
+	closeAll := func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}
+	for i := range n {
+		listen := "127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
+		p, err := startProc(ctx, fmt.Sprintf("localproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("localproxy-%d.log", i+1)), listen, e.localproxyBin,
+			costLocalProxyArgs(addrs, e.bed.CAFile(), e.bed.OriginName(), kubeconfig, i, mode)...)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	client := http.Client{Timeout: time.Second}
+	return &costGroup{
+		pids: func() []int { return costPids(procs) },
+		unhealthy: func() string {
+			var bad []string
+			for i := range procs {
+				var st localproxy.Status
+				body, err := costGet(&client, "http://127.0.0.1:"+strconv.Itoa(costLocalProxyHealthPortBase+i)+"/status")
+				if err == nil {
+					err = json.Unmarshal(body, &st)
+				}
+				if err != nil {
+					bad = append(bad, fmt.Sprintf("localproxy %d: /status: %v", i+1, err))
+					continue
+				}
+				up := make([]upstream.Status, len(st.Upstreams))
+				for k, u := range st.Upstreams {
+					up[k] = u.Status
+					if u.State == "healthy" {
+						up[k].State = upstream.StateHealthy
+					} else if up[k].State == upstream.StateHealthy {
+						up[k].State = upstream.StateUnknown
+					}
+					if u.LastError == "" && u.State != "healthy" {
+						up[k].LastError = u.State
+					}
+				}
+				bad = append(bad, costUnhealthy(i, addrs, up)...)
+			}
+			return costSummary(bad)
+		},
+		exited: func() string { return costExited(procs) },
+		close:  closeAll,
+	}, nil
+}
+
+// costLocalProxyArgs are the flags of localproxy instance i: as
+// localproxyArgs, on ports of their own, without discovery, --probe=mode.
+func costLocalProxyArgs(servers []string, caFile, serverName, kubeconfig string, i int, mode string) []string {
+	return []string{
+		"--endpoints=" + strings.Join(servers, ","),
+		"--bind-address=127.0.0.1",
+		"--bind-port=" + strconv.Itoa(costLocalProxyPortBase+i),
+		"--health-port=" + strconv.Itoa(costLocalProxyHealthPortBase+i),
+		"--ca-file=" + caFile,
+		"--tls-server-name=" + serverName,
+		"--kubeconfig=" + kubeconfig,
+		"--probe=" + mode,
+		"--shutdown-timeout=0",
+	}
+}
+
+func costGet(c *http.Client, url string) ([]byte, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s", resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+func costPids(procs []*proc) []int {
+	out := make([]int, len(procs))
+	for i, p := range procs {
+		out[i] = p.pid()
+	}
+	return out
+}
+
+func costExited(procs []*proc) string {
+	var dead []string
+	for _, p := range procs {
+		if done, err := p.exited(); done {
+			dead = append(dead, fmt.Sprintf("%s (%v; log %s)", p.name, err, p.logPath))
+		}
+	}
+	return costSummary(dead)
+}
+
+// costInter1sConfig changes kubespray's HAProxy configuration to check every
+// second.
+func costInter1sConfig(cfg string) (string, error) {
+	const from = "default-server inter 15s downinter 15s "
+	if !strings.Contains(cfg, from) {
+		return "", fmt.Errorf("haproxy configuration: no %q to change", strings.TrimSpace(from))
+	}
+	return strings.Replace(cfg, "    "+from,
+		"    # not in kubespray: inter 1s downinter 1s (kubespray: 15s).\n    default-server inter 1s downinter 1s ", 1), nil
+}
+
+// startCostHAProxies starts n HAProxy processes with kubespray's
+// configuration (inter1s: checking every second) on ports of their own.
+func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s bool) (*costGroup, error) {
+	names, addrs := e.servers()
+	var procs []*proc
+	var socks []string
+	closeAll := func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}
+	for i := range n {
+		listen := "127.0.0.1:" + strconv.Itoa(costHAProxyPortBase+i)
+		sock := filepath.Join(dir, fmt.Sprintf("haproxy-%d.sock", i+1))
+		cfg := haproxyConfig(listen, names, addrs, sock, 0)
+		if inter1s {
+			var err error
+			if cfg, err = costInter1sConfig(cfg); err != nil {
+				closeAll()
+				return nil, err
+			}
+		}
+		cfgPath := filepath.Join(dir, fmt.Sprintf("haproxy-%d.cfg", i+1))
+		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+			closeAll()
+			return nil, err
+		}
+		p, err := startProc(ctx, fmt.Sprintf("haproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("haproxy-%d.log", i+1)), listen, "haproxy", "-db", "-f", cfgPath)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		procs = append(procs, p)
+		socks = append(socks, sock)
+	}
+	return &costGroup{
+		pids: func() []int { return costPids(procs) },
+		unhealthy: func() string {
+			var bad []string
+			for i, sock := range socks {
+				st, err := haproxyServerStates(sock)
+				if err != nil {
+					bad = append(bad, fmt.Sprintf("haproxy %d: stats: %v", i+1, err))
+					continue
+				}
+				for _, n := range names {
+					if st[n] != "UP" {
+						bad = append(bad, fmt.Sprintf("haproxy %d: %s %q", i+1, n, st[n]))
+					}
+				}
+			}
+			return costSummary(bad)
+		},
+		exited: func() string { return costExited(procs) },
+		close:  closeAll,
+	}, nil
+}
+
+// markdown renders the cost table.
+func (c *CostResults) markdown(w func(string, ...any)) {
+	w("### Health cost at rest")
+	w("")
+	w("Each contender runs alone in turn: %d idle clients (no requests, only their health checks) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
+		c.Config.Clients, c.Config.WindowS, c.Config.SettleS)
+	w("")
+	if c.Error != "" {
+		w("Error: %s", c.Error)
+		w("")
+	}
+	if len(c.Baselines) > 0 {
+		var parts []string
+		for _, b := range c.Baselines {
+			if b.WallS == 0 {
+				parts = append(parts, "not measured")
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%.1f", b.APIServerMs))
+		}
+		w("Apiservers at rest, before the first contender, between two, after the last: %s ms/s. Each contender's baseline is the mean of the windows just before and after it; \"drift\" is their difference per client, the noise of its apiserver figure.", strings.Join(parts, ", "))
+		w("")
+	}
+	w("| contender | apiserver ms/client/s | drift | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | 5,000 nodes: apiserver cores |")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range c.Rows {
+		if r.Error != "" || r.Raw.WallS == 0 {
+			msg := r.Error
+			if msg == "" {
+				msg = "not measured"
+			}
+			w("| %s | error: %s | | | | | | |", r.Contender, strings.ReplaceAll(oneLine(msg, 300), "|", "/"))
+			continue
+		}
+		name := r.Contender
+		if r.Unhealthy != "" {
+			name += " (at the end: " + strings.ReplaceAll(oneLine(r.Unhealthy, 200), "|", "/") + ")"
+		}
+		w("| %s | %.3f | %.3f | %s | %s | %.3f | %.3f | %.2f |", name, r.APIServerPerClient, r.Drift, fmtRatio(r.VsHAProxy), fmtRatio(r.VsLocalProxy),
+			r.EtcdPerClient, r.ClientPerClient, r.Cores5000)
+	}
+	w("")
+	w("5,000 nodes, one client each, each checking the 3 API servers: cores of API server CPU = ms/client/s × 5000 clients / 1000 ms per core-second:")
+	w("")
+	for _, r := range c.Rows {
+		if r.Error == "" && r.Raw.WallS > 0 {
+			w("- %s: %.3f × 5000 / 1000 = %.2f cores", r.Contender, r.APIServerPerClient, r.Cores5000)
+		}
+	}
+	w("")
+}
