@@ -95,10 +95,11 @@ func dialAttempts(t *testing.T, reg *prometheus.Registry) int {
 }
 
 // While every endpoint is down, requests fail at once from the last failed
-// round for FailedDialHoldoff instead of each dialing every endpoint. The
-// assertions count, whatever the machine's speed: how many rounds a holdoff
-// allows per request rate is TestHoldoffBoundsRoundsWhateverTheRequestRate
-// (transport/endpoint), on a simulated clock.
+// round for the dial holdoff (endpoint.DefaultHoldoff) instead of each
+// dialing every endpoint. The assertions count, whatever the machine's
+// speed: how many rounds a holdoff allows per request rate is
+// TestHoldoffBoundsRoundsWhateverTheRequestRate (transport/endpoint), on a
+// simulated clock.
 func TestDialsHeldOffWhileEveryEndpointIsDown(t *testing.T) {
 	c := newCluster(t, 2)
 	reg := prometheus.NewRegistry()

@@ -94,12 +94,11 @@ func TestSubscriberReadsPool(t *testing.T) {
 	assert.NotEmpty(t, seen)
 }
 
-// TestSubscriberChangesPool shows that a subscriber cannot change the pool
-// although Subscribe says "It may call the pool's methods" (pool.go:168).
-// flush holds notifyMu while it calls the subscribers (pool.go:398-412);
-// every method that changes the pool (Set, Report*, ResetQuarantine) ends in
-// flush, which locks notifyMu again: sync.Mutex is not reentrant, so the
-// subscriber deadlocks, and with it every later caller of those methods.
+// TestSubscriberChangesPool: a subscriber may change the pool, as
+// Subscribe says ("It may call the pool's methods"). Every method that
+// changes the pool (Set, Report*, ResetQuarantine) ends in flush; a flush
+// called from a subscriber leaves its events to the delivery under way
+// instead of waiting for it, which would deadlock.
 // A realistic subscriber: on EventDown close the endpoint's connections,
 // which reports them lost, or on EventRemoved drop it from a state file
 // source with Set.

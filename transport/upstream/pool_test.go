@@ -112,10 +112,10 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// TestConfigJitterNaN shows a validation gap: NaN passes every comparison in
-// setDefaults (pool.go:76-99), and nextInterval (run.go:54) then converts
-// NaN to a Duration, which is implementation-defined (math.MinInt64 on
-// amd64): the timer fires at once and Run probes in a busy loop.
+// TestConfigJitterNaN: a NaN jitter is refused. It would pass every
+// comparison in setDefaults, and nextInterval would convert NaN to a
+// Duration, which is implementation-defined (math.MinInt64 on amd64): the
+// timer would fire at once and Run probe in a busy loop.
 func TestConfigJitterNaN(t *testing.T) {
 	_, err := upstream.New(upstream.Config{Jitter: math.NaN()})
 	require.Error(t, err, "BUG: a NaN jitter is accepted")
@@ -432,12 +432,10 @@ func TestResetQuarantine(t *testing.T) {
 	assert.Equal(t, upstream.StateHealthy, stateOf(t, p, addrA))
 }
 
-// TestSuspectOnlyBeforeFall shows that Status.Suspect is set on an endpoint
-// that is already unhealthy. Status.Suspect is documented (state.go)
-// as "the most recent observation failed, but not yet Fall in a row", and
-// setStateLocked clears it on the way down (pool.go:384), but observeLocked
-// sets it again on every later failure (pool.go:345-348), so /status shows
-// unhealthy endpoints as suspect from their second failure on.
+// TestSuspectOnlyBeforeFall: Status.Suspect means "the most recent
+// observation failed, but not yet Fall in a row" (state.go). It is cleared
+// on the way down, and later failures of an unhealthy endpoint do not set
+// it again, so /status does not show unhealthy endpoints as suspect.
 func TestSuspectOnlyBeforeFall(t *testing.T) {
 	p := newPool(t, upstream.Config{Fall: 1})
 	mustSet(t, p, upstream.SourceStatic, specs(addrA))
@@ -478,9 +476,9 @@ func TestHealthy(t *testing.T) {
 			p.ReportSuccess(addrA)
 			p.ReportFailure(addrA, upstream.FailureGoAway, nil)
 		}, true},
-		// BUG: Healthy only looks at the first candidate (pool.go:449). A
-		// healthy endpoint that is draining or suspect ranks below an unknown
-		// one, so Healthy says false although one endpoint is healthy.
+		// A healthy endpoint that is draining or suspect ranks below an
+		// unknown one: Healthy looks at every endpoint, not the first
+		// candidate.
 		{"healthy but draining, behind an unknown one", func(p *upstream.Pool) {
 			mustSet(t, p, upstream.SourceStatic, specs(addrA, addrB))
 			p.ReportSuccess(addrA)
