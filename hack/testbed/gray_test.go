@@ -114,16 +114,25 @@ func grayFaults(t *testing.T, ctx context.Context, bed *testbed.Bed, s *testbed.
 		if got := s.NetworkFault(); got != "lossy" {
 			t.Fatalf("NetworkFault() = %q", got)
 		}
-		// TCP retransmits: requests succeed, some late.
+		// TCP retransmits: requests succeed, some late. Not every one
+		// within 15s: a SYN or its answer is lost 36% of the time, and
+		// four losses in a row (1+2+4+8s of backoff) happen to about one
+		// connection in 60, so 3 of 5 must succeed.
 		var slowest time.Duration
+		ok := 0
 		for range 5 {
 			began := time.Now()
 			if err := call(ctx, freshClient(t, bed, s, 15*time.Second)); err != nil {
-				t.Fatalf("GET through 20%% loss: %v", err)
+				t.Logf("GET through 20%% loss failed: %v", err)
+				continue
 			}
+			ok++
 			slowest = max(slowest, time.Since(began))
 		}
-		t.Logf("fact: 5 GETs on new connections through 20%% loss each way, slowest %s", slowest.Round(time.Millisecond))
+		if ok < 3 {
+			t.Fatalf("%d of 5 GETs through 20%% loss succeeded within 15s, want at least 3", ok)
+		}
+		t.Logf("fact: %d of 5 GETs on new connections through 20%% loss each way succeeded within 15s, slowest %s", ok, slowest.Round(time.Millisecond))
 		if err := s.Lossy(1); err == nil {
 			t.Error("Lossy(1) accepted")
 		}
