@@ -35,3 +35,10 @@ func SetServiceAccount(token, ca string) (restore func()) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// The file limit check, for tests.
+var (
+	FileLimit      = fileLimit
+	FileLimitError = fileLimitError
+	MaxConnsFor    = maxConnsFor
+)

@@ -72,13 +72,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// --max-connections must fit in the file descriptor limit; its
 	// default is lowered to what fits.
 	lowered := 0
-	if limit := fileLimit(); fileLimitError(cfg.MaxConnections, limit) != nil {
+	limit := fileLimit()
+	if err := fileLimitError(cfg.MaxConnections, limit); err != nil {
 		_, set := o.from["max-connections"]
-		if set || maxConnsFor(limit) < 1 {
-			printErrors(stderr, "localproxy", fileLimitError(cfg.MaxConnections, limit))
+		if lowered = maxConnsFor(limit); set || lowered < 1 {
+			printErrors(stderr, "localproxy", err)
 			return exitUsage
 		}
-		lowered = maxConnsFor(limit)
 		cfg.MaxConnections = lowered
 	}
 	level, _ := parseLogLevel(o.logLevel)
