@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -37,11 +38,10 @@ const (
 // firstByteWatch learns, per endpoint, how fast the first byte comes back,
 // and reports silent endpoints to the pool.
 //
-// The deadline is the retransmission timeout rule of RFC 6298 over the
-// first-byte times of the endpoint's connections, doubled for headroom:
-// max(floor, 2·SRTT + 4·RTTVAR), at most maxFirstByteTimeout, where SRTT
-// and RTTVAR are the smoothed time and its mean deviation (gains 1/8 and
-// 1/4). A loaded server that is consistently slow to answer raises its own
+// The deadline is the endpoint.RTTEstimator rule over the first-byte
+// times of the endpoint's connections: max(floor, 2·SRTT + 4·RTTVAR), at
+// most maxFirstByteTimeout, where SRTT and RTTVAR are the smoothed time
+// and its mean deviation (gains 1/8 and 1/4). A loaded server that is consistently slow to answer raises its own
 // deadline; a server that stops answering is caught a few hundred
 // milliseconds after the client spoke.
 type firstByteWatch struct {
@@ -56,9 +56,9 @@ type firstByteWatch struct {
 }
 
 type firstByteEndpoint struct {
-	srtt, rttvar time.Duration // zero until the first sample
-	silent       []time.Time   // silent connections within silentWindow
-	suspect      bool          // reported silent; cleared by an answer
+	rtt     endpoint.RTTEstimator // of the first bytes
+	silent  []time.Time           // silent connections within silentWindow
+	suspect bool                  // reported silent; cleared by an answer
 }
 
 func newFirstByteWatch(pool *upstream.Pool, floor time.Duration, log logr.Logger) *firstByteWatch {
@@ -79,10 +79,10 @@ func (w *firstByteWatch) timeout(addr string) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e := w.eps[addr]
-	if e == nil || e.srtt == 0 {
+	if e == nil {
 		return w.floor
 	}
-	return min(max(w.floor, 2*e.srtt+4*e.rttvar), maxFirstByteTimeout)
+	return e.rtt.Timeout(w.floor, maxFirstByteTimeout)
 }
 
 // answered records that addr's first byte came d after the client's first
@@ -91,16 +91,7 @@ func (w *firstByteWatch) answered(addr string, d time.Duration) {
 	d = min(d, maxFirstByteTimeout)
 	w.mu.Lock()
 	e := w.endpointLocked(addr)
-	if e.srtt == 0 {
-		e.srtt, e.rttvar = d, d/2
-	} else {
-		dev := e.srtt - d
-		if dev < 0 {
-			dev = -dev
-		}
-		e.rttvar += (dev - e.rttvar) / 4
-		e.srtt += (d - e.srtt) / 8
-	}
+	e.rtt.Sample(d)
 	e.silent = e.silent[:0]
 	trust := e.suspect
 	e.suspect = false

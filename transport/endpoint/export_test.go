@@ -10,11 +10,11 @@ import (
 // PingTimeout is how long a PING may go unanswered after the round trips
 // samples (the first one seeds the estimate, as the TCP connect does).
 func PingTimeout(samples ...time.Duration) time.Duration {
-	var e rttEstimator
+	var e RTTEstimator
 	for _, s := range samples {
-		e.sample(s)
+		e.Sample(s)
 	}
-	return e.timeout()
+	return pingTimeout(&e)
 }
 
 // RunPingLoop runs the PING schedule of a held connection whose connect
@@ -22,6 +22,6 @@ func PingTimeout(samples ...time.Duration) time.Duration {
 // closed (the failure to report is returned) or ctx is done (zero).
 func RunPingLoop(ctx context.Context, interval, seed time.Duration, ping func(context.Context) error, lost <-chan struct{}) (upstream.Failure, error) {
 	l := &pingLoop{interval: interval, ping: ping, lost: lost, lostErr: func() error { return errLost }}
-	l.rtt.sample(seed)
+	l.rtt.Sample(seed)
 	return l.run(ctx)
 }

@@ -24,13 +24,12 @@ import (
 // connection when Prober.PingInterval is zero.
 const DefaultPingInterval = 250 * time.Millisecond
 
-// The PING timeout's rule (see rttEstimator.timeout), the reconnect
+// The PING timeout's rule (see pingTimeout), the reconnect
 // backoff (see heldEndpoint.failed) and when an endpoint no longer probed
 // loses its connection (see heldEndpoint.idle).
 const (
 	pingTimeoutFloor     = 200 * time.Millisecond
 	pingTimeoutCap       = 2 * time.Second
-	pingTimeoutK         = 2
 	reconnectBackoffBase = 100 * time.Millisecond
 	reconnectBackoffMax  = time.Second
 	heldIdleMin          = 3 * time.Second
@@ -435,7 +434,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 		// So does no probe for long.
 		stop: c.h.idle,
 	}
-	l.rtt.sample(c.connect)
+	l.rtt.Sample(c.connect)
 	f, err := l.run(c.ctx)
 	closedByProber := c.ctx.Err() != nil
 	c.close()
@@ -465,7 +464,7 @@ type pingLoop struct {
 	// stop, if set, is asked after each answered PING whether to end
 	// the loop with nothing to report.
 	stop func(time.Time) bool
-	rtt  rttEstimator
+	rtt  RTTEstimator
 }
 
 // run sends a PING every interval (±10%) after the last one was answered,
@@ -483,7 +482,7 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			return l.lostFailure()
 		case <-t.C:
 		}
-		timeout := l.rtt.timeout()
+		timeout := pingTimeout(&l.rtt)
 		pctx, cancel := context.WithTimeout(ctx, timeout)
 		start := time.Now()
 		err := l.ping(pctx)
@@ -500,7 +499,7 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			}
 			return upstream.FailureConnLost, fmt.Errorf("held connection: PING unanswered within %v: %w", timeout, err)
 		}
-		l.rtt.sample(now.Sub(start))
+		l.rtt.Sample(now.Sub(start))
 		if l.acked != nil {
 			l.acked(now)
 		}
@@ -525,42 +524,12 @@ func spread(d time.Duration) time.Duration {
 	return d + time.Duration((rand.Float64()*2-1)*0.1*float64(d))
 }
 
-// rttEstimator smooths a connection's round trips as TCP does for its
-// retransmission timeout (RFC 6298, section 2): the first sample R sets
-// srtt = R and rttvar = R/2; each later one rttvar = 3/4 rttvar +
-// 1/4 |srtt - R|, then srtt = 7/8 srtt + 1/8 R. The first sample is the
-// TCP connect, the later ones the PINGs.
-type rttEstimator struct {
-	srtt, rttvar time.Duration
-	samples      int
-}
-
-func (e *rttEstimator) sample(r time.Duration) {
-	if e.samples == 0 {
-		e.srtt, e.rttvar = r, r/2
-	} else {
-		d := e.srtt - r
-		if d < 0 {
-			d = -d
-		}
-		e.rttvar = (3*e.rttvar + d) / 4
-		e.srtt = (7*e.srtt + r) / 8
-	}
-	e.samples++
-}
-
-// timeout is how long a PING may go unanswered before the connection
-// counts as lost: pingTimeoutK (2) × srtt + 4 × rttvar, at least
-// pingTimeoutFloor (200ms, which keeps a near server's scheduling hiccups
-// and this host's from counting) and at most pingTimeoutCap (2s); the
-// floor before any sample. A far server (300ms away) thus gets about
-// 600ms, a near one 200ms.
-func (e *rttEstimator) timeout() time.Duration {
-	if e.samples == 0 {
-		return pingTimeoutFloor
-	}
-	return min(max(pingTimeoutK*e.srtt+4*e.rttvar, pingTimeoutFloor), pingTimeoutCap)
-}
+// pingTimeout is how long a PING may go unanswered before the connection
+// counts as lost: the RTTEstimator rule between pingTimeoutFloor (200ms,
+// which keeps a near server's scheduling hiccups and this host's from
+// counting) and pingTimeoutCap (2s). A far server (300ms away) thus gets
+// about 600ms, a near one 200ms.
+func pingTimeout(e *RTTEstimator) time.Duration { return e.Timeout(pingTimeoutFloor, pingTimeoutCap) }
 
 // Forget closes the held connection to addr (ProbeHeld) and drops its
 // TLS session, for an endpoint removed from the pool (on
