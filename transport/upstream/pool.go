@@ -20,6 +20,15 @@ type Prober interface {
 	Probe(ctx context.Context, addr string) error
 }
 
+// RTTProber is a Prober that can tell the round trip to the endpoint
+// better than the probe's duration, e.g. from PINGs on a held connection
+// when the probe itself sent nothing. A zero round trip means it does not
+// know: the pool then times the probe, as for any Prober.
+type RTTProber interface {
+	Prober
+	ProbeRTT(ctx context.Context, addr string) (time.Duration, error)
+}
+
 // ProberFunc adapts a function to the Prober interface.
 type ProberFunc func(ctx context.Context, addr string) error
 

@@ -151,8 +151,18 @@ func (p *Pool) probeOne(ctx context.Context, j probeJob) probeResult {
 	defer cancel()
 	start := time.Now()
 	p.active.Store(start.UnixNano())
-	err := p.cfg.Prober.Probe(pctx, j.addr)
-	rtt := time.Since(start)
+	var (
+		rtt time.Duration
+		err error
+	)
+	if rp, ok := p.cfg.Prober.(RTTProber); ok {
+		rtt, err = rp.ProbeRTT(pctx, j.addr)
+	} else {
+		err = p.cfg.Prober.Probe(pctx, j.addr)
+	}
+	if rtt <= 0 {
+		rtt = time.Since(start)
+	}
 	if err == nil && pctx.Err() != nil {
 		err = pctx.Err()
 	}

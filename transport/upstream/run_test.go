@@ -575,3 +575,29 @@ func TestRunProberFunc(t *testing.T) {
 		requireOrder(t, p, []string{addrB}, []string{addrA})
 	})
 }
+
+// knownRTT answers at once and tells the round trip of its address.
+type knownRTT map[string]time.Duration
+
+func (r knownRTT) Probe(ctx context.Context, addr string) error { return nil }
+
+func (r knownRTT) ProbeRTT(ctx context.Context, addr string) (time.Duration, error) {
+	time.Sleep(time.Millisecond)
+	return r[addr], nil
+}
+
+// A Prober that tells the round trip (an RTTProber, as a held connection's
+// PINGs do) sets the endpoints' RTT and tier, not the probe's duration;
+// one that tells zero is timed.
+func TestRunRTTProber(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPool(t, upstream.Config{Prober: knownRTT{addrA: 30 * time.Millisecond, addrB: 0}, Interval: time.Second})
+		stop := startRun(t, p)
+		defer stop()
+		mustSet(t, p, upstream.SourceStatic, specs(addrA, addrB))
+		advance(3 * time.Second)
+		assert.Equal(t, 30*time.Millisecond, statusOf(t, p, addrA).RTT)
+		assert.Equal(t, time.Millisecond, statusOf(t, p, addrB).RTT)
+		assert.Equal(t, []string{addrB, addrA}, p.Candidates(), "B (1ms) is in a nearer tier than A (30ms)")
+	})
+}
