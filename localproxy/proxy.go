@@ -83,6 +83,11 @@ func New(cfg Config) (*Proxy, error) {
 		GracefulDrain: GracefulDrainTimeout,
 		Logger:        cfg.Logger,
 	})
+	// Held probe connections to endpoints that carry client connections
+	// are PINGed often, the others seldom.
+	if pr := p.Prober(); pr != nil {
+		pr.InUse = func(addr string) bool { return p.upstreams.Len(addr) > 0 }
+	}
 	// setDefaults validated the endpoints, so Set cannot fail.
 	specs := make([]upstream.Spec, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {

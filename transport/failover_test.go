@@ -253,7 +253,7 @@ func TestEndpointGoingDownClosesItsStreams(t *testing.T) {
 
 func TestNotReadyEndpointDrains(t *testing.T) {
 	c := newCluster(t, 3)
-	f := wrap(t, c, transport.Options{})
+	f := wrap(t, c, transport.Options{ProbeReadyzInterval: 100 * time.Millisecond})
 	victim := serving(t, c, f)
 	release := make(chan struct{})
 	started := make(chan struct{})
@@ -336,7 +336,7 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 			c := newCluster(t, 2)
 			// Probe timeouts long enough that a slow handshake on a busy
 			// machine does not count as a hung server (which is cut).
-			f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain})
+			f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain, ProbeReadyzInterval: 100 * time.Millisecond})
 			victim := serving(t, c, f)
 			release := make(chan struct{})
 			victim.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -412,7 +412,7 @@ func TestDrainedStreamCutUnlessServerRecovers(t *testing.T) {
 func TestDrainedStreamKeptWhileNoServerIsHealthy(t *testing.T) {
 	const drain = 1 * time.Second
 	c := newCluster(t, 2)
-	f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain})
+	f := wrap(t, c, transport.Options{ProbeInterval: 300 * time.Millisecond, Rise: 1, Fall: 1, GracefulDrainTimeout: drain, ProbeReadyzInterval: 100 * time.Millisecond})
 	victim := serving(t, c, f)
 	var other *server
 	for _, s := range c.servers {

@@ -215,7 +215,10 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	if b.probePingInterval < 0 {
 		b.reject("probe-ping-interval", b.probePingInterval, "want a positive duration (0: the default, "+endpoint.DefaultPingInterval.String()+")")
 	}
-	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval}
+	if b.probeReadyzInterval < 0 {
+		b.reject("probe-readyz-interval", b.probeReadyzInterval, "want a positive duration (0: the default, "+endpoint.DefaultReadyzInterval.String()+")")
+	}
+	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval, ReadyzInterval: b.probeReadyzInterval}
 }
 
 // credentials returns the credentials for discovery and probes: those of

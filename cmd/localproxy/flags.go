@@ -19,29 +19,30 @@ const envPrefix = "LOCALPROXY_"
 
 // options are the raw flag values.
 type options struct {
-	endpoints         string
-	bindAddress       string
-	bindPort          int
-	healthBindAddress string
-	healthPort        int
-	probe             string
-	caFile            string
-	tlsServerName     string
-	healthInterval    time.Duration
-	healthTimeout     time.Duration
-	rise, fall        int
-	enableDiscovery   bool
-	kubeconfig        string
-	stateFile         string
-	drainTimeout      time.Duration
-	firstByteTimeout  time.Duration
-	probePingInterval time.Duration
-	shutdownTimeout   time.Duration
-	maxConnections    int
-	proxyProtocol     string
-	logLevel          string
-	logFormat         string
-	version           bool
+	endpoints           string
+	bindAddress         string
+	bindPort            int
+	healthBindAddress   string
+	healthPort          int
+	probe               string
+	caFile              string
+	tlsServerName       string
+	healthInterval      time.Duration
+	healthTimeout       time.Duration
+	rise, fall          int
+	enableDiscovery     bool
+	kubeconfig          string
+	stateFile           string
+	drainTimeout        time.Duration
+	firstByteTimeout    time.Duration
+	probePingInterval   time.Duration
+	probeReadyzInterval time.Duration
+	shutdownTimeout     time.Duration
+	maxConnections      int
+	proxyProtocol       string
+	logLevel            string
+	logFormat           string
+	version             bool
 
 	// from records where each set value came from: "--flag" or the
 	// environment variable's name.
@@ -69,8 +70,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
 	fs.StringVar(&o.healthBindAddress, "health-bind-address", "127.0.0.1", "IP address of the health, metrics and status server")
 	fs.IntVar(&o.healthPort, "health-port", 7446, "port of the health, metrics and status server")
-	fs.StringVar(&o.probe, "probe", "readyz", "health check: readyz (verified TLS + GET /readyz on a new connection), held (GET /readyz over one HTTP/2 connection held per API server, PINGed every --probe-ping-interval: one TLS handshake instead of one per probe, and a server that stops answering is noticed between probes), tls (verified TLS handshake) or tcp (connect only)")
-	fs.DurationVar(&o.probePingInterval, "probe-ping-interval", 0, "with --probe=held, how often each held connection is PINGed (default "+endpoint.DefaultPingInterval.String()+")")
+	fs.StringVar(&o.probe, "probe", "held", "health check: held (one verified HTTP/2 connection held per API server, PINGed every --probe-ping-interval while it carries connections, GET /readyz over it every --probe-readyz-interval: a server that stops answering is noticed between probes, and the handshake and /readyz are not paid every second), readyz (verified TLS + GET /readyz on a new connection every probe), tls (verified TLS handshake) or tcp (connect only)")
+	fs.DurationVar(&o.probePingInterval, "probe-ping-interval", 0, "with --probe=held, how often the held connection of an API server that carries connections is PINGed (default "+endpoint.DefaultPingInterval.String()+"; the others every "+endpoint.DefaultIdlePingInterval.String()+")")
+	fs.DurationVar(&o.probeReadyzInterval, "probe-readyz-interval", 0, "with --probe=held, how often GET /readyz is sent over each held connection whose PINGs are answered (default "+endpoint.DefaultReadyzInterval.String()+")")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM file with the cluster CA that signed the API server certificates; needed by --probe=readyz and tls (default: the in-cluster service account CA if present)")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", "", "name the API server certificates carry, as in the clients' kubeconfig tls-server-name (default "+defaultServerName+")")
 	fs.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between health probe rounds (at least 1s)")

@@ -137,7 +137,7 @@ func TestValidation(t *testing.T) {
 		{"rise 0", append(ok, "--rise=0"), nil, []string{"--rise=0", "at least 1"}},
 		{"fall 0", append(ok, "--fall=0"), nil, []string{"--fall=0", "at least 1"}},
 		{"fall from env", ok, []string{"LOCALPROXY_FALL", "-1"}, []string{"invalid LOCALPROXY_FALL=-1 (--fall): want a whole number, at least 1"}},
-		{"readyz without CA", []string{"--endpoints=10.0.0.1:6443"}, nil, []string{"--ca-file", "--probe=readyz", "--probe=tcp"}},
+		{"held without CA", []string{"--endpoints=10.0.0.1:6443"}, nil, []string{"--ca-file", "--probe=held", "--probe=tcp"}},
 		{"tls without CA", []string{"--endpoints=10.0.0.1:6443", "--probe=tls"}, nil, []string{"--ca-file", "--probe=tls"}},
 		{"CA file missing", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.missing}, nil, []string{"--ca-file", f.missing, "readable"}},
 		{"CA file not PEM", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.notPEM}, nil, []string{"--ca-file", f.notPEM, "PEM"}},
@@ -297,6 +297,14 @@ func TestValidConfigs(t *testing.T) {
 		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe=held", "--probe-ping-interval=-1s"}, env())
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "--probe-ping-interval=-1s")
+
+		cfg, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_PROBE_READYZ_INTERVAL", "15s"))
+		require.NoError(t, err)
+		assert.Equal(t, endpoint.ProbeHeld, cfg.Probe.Mode, "held is the default")
+		assert.Equal(t, 15*time.Second, cfg.Probe.ReadyzInterval)
+		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe-readyz-interval=-2s"}, env())
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "--probe-readyz-interval=-2s")
 	})
 	t.Run("first-byte watch off", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}, env("LOCALPROXY_FIRST_BYTE_TIMEOUT", "0"))

@@ -21,7 +21,29 @@ func PingTimeout(samples ...time.Duration) time.Duration {
 // took seed, with ping sending one PING, until a PING fails or lost is
 // closed (the failure to report is returned) or ctx is done (zero).
 func RunPingLoop(ctx context.Context, interval, seed time.Duration, ping func(context.Context) error, lost <-chan struct{}) (upstream.Failure, error) {
-	l := &pingLoop{interval: interval, ping: ping, lost: lost, lostErr: func() error { return errLost }}
-	l.rtt.Sample(seed)
+	return RunPingLoopWith(ctx, PingLoopHooks{Interval: interval, Seed: seed, Ping: ping, Lost: lost})
+}
+
+// PingLoopHooks are a PING schedule's parameters and what it tells, for
+// RunPingLoopWith.
+type PingLoopHooks struct {
+	Interval, IdleInterval, Seed time.Duration
+	InUse                        func() bool
+	Ping                         func(context.Context) error
+	Lost                         <-chan struct{}
+	Late                         func(error)
+	Answered                     func()
+	GoingAway                    func() bool
+}
+
+// RunPingLoopWith runs a PING schedule as RunPingLoop does, with h.
+func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, error) {
+	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, inUse: h.InUse, ping: h.Ping, lost: h.Lost,
+		lostErr: func() error { return errLost }, late: h.Late, answered: h.Answered, goingAway: h.GoingAway}
+	l.rtt.Sample(h.Seed)
 	return l.run(ctx)
 }
+
+// ConfirmTimeout is how long a PING with the given timeout may go
+// unanswered before the connection counts as lost.
+func ConfirmTimeout(timeout time.Duration) time.Duration { return confirmTimeout(timeout) }

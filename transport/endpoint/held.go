@@ -20,9 +20,18 @@ import (
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
-// DefaultPingInterval is how often ProbeHeld sends a PING on a held
-// connection when Prober.PingInterval is zero.
-const DefaultPingInterval = 250 * time.Millisecond
+// Defaults of ProbeHeld's schedule, for Prober fields left zero.
+const (
+	// DefaultPingInterval is how often a held connection to an endpoint
+	// in use (Prober.InUse) is PINGed.
+	DefaultPingInterval = 250 * time.Millisecond
+	// DefaultIdlePingInterval is how often a held connection to an
+	// endpoint not in use is PINGed.
+	DefaultIdlePingInterval = 5 * time.Second
+	// DefaultReadyzInterval is how often GET /readyz is sent over a held
+	// connection whose PINGs are answered.
+	DefaultReadyzInterval = 10 * time.Second
+)
 
 // The PING timeout's rule (see pingTimeout), the reconnect
 // backoff (see heldEndpoint.failed) and when an endpoint no longer probed
@@ -30,6 +39,7 @@ const DefaultPingInterval = 250 * time.Millisecond
 const (
 	pingTimeoutFloor     = 200 * time.Millisecond
 	pingTimeoutCap       = 2 * time.Second
+	pingConfirmMin       = 100 * time.Millisecond
 	reconnectBackoffBase = 100 * time.Millisecond
 	reconnectBackoffMax  = time.Second
 	heldIdleMin          = 3 * time.Second
@@ -46,10 +56,11 @@ var errForgotten = errors.New("held connection: endpoint forgotten during the pr
 // errLost stands for a connection lost without an error of its own.
 var errLost = errors.New("held connection lost")
 
-// Reporter receives failures a Prober sees between probes.
-// *upstream.Pool is one.
+// Reporter receives what a Prober sees between probes: failures, and the
+// answer of a PING reported late. *upstream.Pool is one.
 type Reporter interface {
 	ReportFailure(addr string, f upstream.Failure, err error)
+	ReportAnswered(addr string)
 }
 
 var _ Reporter = (*upstream.Pool)(nil)
@@ -60,6 +71,9 @@ type heldChannels struct {
 	h2 http2.Transport
 	// wg counts the PING goroutines; Add only under mu while not closed.
 	wg sync.WaitGroup
+	// anonymousGoAway logs, once, that the servers close anonymous
+	// probes' connections.
+	anonymousGoAway sync.Once
 
 	// mu guards the fields below. Lock order: heldChannels.mu, then
 	// heldEndpoint.mu.
@@ -222,6 +236,21 @@ type heldConn struct {
 	closeOnce sync.Once
 	// lastAck is when a PING was last answered, in Unix nanoseconds.
 	lastAck atomic.Int64
+	// readyAt is when GET /readyz last answered 200 over the connection,
+	// in Unix nanoseconds; zero if never.
+	readyAt atomic.Int64
+	// late is set while a PING is unanswered past its timeout.
+	late atomic.Bool
+	// srtt is the PINGs' smoothed round trip, in nanoseconds.
+	srtt atomic.Int64
+}
+
+// fresh reports whether c vouches for its server without a request: it
+// is open, its PINGs are answered in time, and /readyz answered 200 on
+// it less than every ago.
+func (c *heldConn) fresh(now time.Time, every time.Duration) bool {
+	ready := c.readyAt.Load()
+	return c.ctx.Err() == nil && !c.late.Load() && ready != 0 && now.Sub(time.Unix(0, ready)) < every
 }
 
 // close closes the connection; the TCP connection first, so that nothing
@@ -269,35 +298,45 @@ func (c *watchedConn) lostErr() error {
 	return errLost
 }
 
-// probeHeld is Probe for ProbeHeld: GET /readyz over addr's held
-// connection, opened first if there is none (or it was verified with CA
-// or client certificate files that changed since). A probe that fails
-// other than by an answer of the server (a ReadyzError with a status)
-// closes the connection.
-func (p *Prober) probeHeld(ctx context.Context, addr string) error {
+// probeHeld is Probe for ProbeHeld over addr's held connection, opened
+// first if there is none (or it was verified with CA or client
+// certificate files that changed since): GET /readyz, unless /readyz
+// answered 200 on the connection less than ReadyzInterval ago and its
+// PINGs are answered in time, which then vouch for the server with no
+// request at all. The round trip is the PINGs' (see ProbeRTT). A probe
+// that fails other than by an answer of the server (a ReadyzError with a
+// status) closes the connection; a new connection always gets a GET
+// /readyz first.
+func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, error) {
 	h, err := p.held.get(addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	h.probing.Lock()
 	defer h.probing.Unlock()
-	h.probed(time.Now())
+	now := time.Now()
+	h.probed(now)
 	c, err := p.heldConn(ctx, h)
 	if c == nil {
-		return err
+		return 0, err
+	}
+	if c.fresh(now, OrDefault(p.ReadyzInterval, DefaultReadyzInterval)) {
+		return time.Duration(c.srtt.Load()), nil
 	}
 	err = p.readyzHeld(ctx, c)
 	var re *ReadyzError
 	switch {
 	case err == nil:
+		c.readyAt.Store(time.Now().UnixNano())
 		h.succeeded()
+		return time.Duration(c.srtt.Load()), nil
 	case errors.As(err, &re) && !re.TimedOut:
 		// The server answered over the connection: it works.
 	default:
 		c.close()
 		h.dropped(c, err)
 	}
-	return err
+	return 0, err
 }
 
 // heldConn returns h's connection, opening one if needed. It returns nil
@@ -357,6 +396,7 @@ func (p *Prober) connectHeld(ctx context.Context, h *heldEndpoint) (*heldConn, e
 	}
 	raw.SetDeadline(time.Time{})
 	c := &heldConn{h: h, cc: cc, raw: raw, w: w, gen: gen, connect: connect}
+	c.srtt.Store(int64(connect))
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 
 	p.held.mu.Lock()
@@ -416,50 +456,96 @@ func (c *heldConn) requestFailed(err error, start time.Time) error {
 }
 
 // watchHeld sends c's PINGs until c is closed, fails, or its endpoint is
-// no longer probed. A failure is reported at once, unless c was closed by
-// the Prober meanwhile.
+// no longer probed. A PING unanswered past its timeout is reported at once
+// (and its late answer too); a failure ends the connection and is
+// reported, unless c was closed by the Prober meanwhile.
 func (p *Prober) watchHeld(c *heldConn) {
 	defer p.held.wg.Done()
+	addr := c.h.addr
 	l := &pingLoop{
-		interval: OrDefault(p.PingInterval, DefaultPingInterval),
-		ping:     c.cc.Ping,
-		lost:     c.w.lost,
-		lostErr:  c.w.lostErr,
-		acked:    func(t time.Time) { c.lastAck.Store(t.UnixNano()) },
-		// A GOAWAY (kube-apiserver sends them to rebalance connections,
-		// see --goaway-chance, as well as on shutdown, after /readyz
-		// failed) closes the connection quietly, even if the server
-		// closes it first: the next probe reconnects and tells.
+		interval:     OrDefault(p.PingInterval, DefaultPingInterval),
+		idleInterval: OrDefault(p.IdlePingInterval, DefaultIdlePingInterval),
+		ping:         c.cc.Ping,
+		lost:         c.w.lost,
+		lostErr:      c.w.lostErr,
+		acked: func(t time.Time, srtt time.Duration) {
+			c.lastAck.Store(t.UnixNano())
+			c.srtt.Store(int64(srtt))
+		},
+		late: func(err error) {
+			c.late.Store(true)
+			if p.Reporter != nil {
+				p.Reporter.ReportFailure(addr, upstream.FailureConnLost, err)
+			}
+		},
+		answered: func() {
+			c.late.Store(false)
+			if p.Reporter != nil {
+				p.Reporter.ReportAnswered(addr)
+			}
+		},
+		// A GOAWAY ends the connection: kube-apiserver sends one when its
+		// shutdown delay is over (and, with --goaway-chance, now and then
+		// on a request to rebalance connections). The next probe
+		// reconnects and tells which.
 		goingAway: func() bool { return c.cc.State().Closing },
-		// So does no probe for long.
+		// No probe for long ends it quietly.
 		stop: c.h.idle,
 	}
+	if p.InUse != nil {
+		l.inUse = func() bool { return p.InUse(addr) }
+	}
 	l.rtt.Sample(c.connect)
+	p.Logger.V(2).Info("held connection opened", "addr", addr, "connect", c.connect)
 	f, err := l.run(c.ctx)
 	closedByProber := c.ctx.Err() != nil
 	c.close()
+	p.Logger.V(2).Info("held connection closed", "addr", addr, "byProber", closedByProber, "failure", f.String(), "err", errString(err))
+	if f == upstream.FailureGoAway && p.Credentials() == "none" {
+		// kube-apiserver closes HTTP/2 connections after an anonymous
+		// request (UnauthenticatedHTTP2DOSMitigation, on by default
+		// since 1.29): every anonymous probe sends one, so this GOAWAY
+		// says nothing about the server.
+		p.held.anonymousGoAway.Do(func() {
+			p.Logger.Info("API servers close the held probe connections after each anonymous GET /readyz (kube-apiserver's UnauthenticatedHTTP2DOSMitigation); "+
+				"every probe reconnects, as with the readyz probe, and a hung server is not seen between probes. Give the probes credentials to hold the connections", "addr", addr)
+		})
+		f = 0
+	}
 	if f == 0 || closedByProber {
 		c.h.dropped(c, nil)
 		return
 	}
-	c.h.dropped(c, err)
+	if f == upstream.FailureGoAway {
+		c.h.dropped(c, nil)
+	} else {
+		c.h.dropped(c, err)
+	}
 	if p.Reporter != nil {
-		p.Reporter.ReportFailure(c.h.addr, f, err)
+		p.Reporter.ReportFailure(addr, f, err)
 	}
 }
 
 // pingLoop is the PING schedule of one held connection.
 type pingLoop struct {
-	interval time.Duration
-	ping     func(context.Context) error
+	// interval is the time between PINGs, idleInterval while inUse (if
+	// set) says the endpoint is not in use.
+	interval, idleInterval time.Duration
+	inUse                  func() bool
+	ping                   func(context.Context) error
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
 	lostErr func() error
-	// acked, if set, is told when a PING is answered.
-	acked func(time.Time)
+	// acked, if set, is told when a PING is answered and the smoothed
+	// round trip after it.
+	acked func(t time.Time, srtt time.Duration)
+	// late, if set, is told when a PING is unanswered past its timeout;
+	// answered when such a PING is answered after all.
+	late     func(error)
+	answered func()
 	// goingAway, if set, reports whether the server sent GOAWAY; it is
-	// asked after each answered PING and when the connection is lost:
-	// if so, the loop ends with nothing to report.
+	// asked after each answered PING and when the connection is lost: if
+	// so, the loop ends with FailureGoAway.
 	goingAway func() bool
 	// stop, if set, is asked after each answered PING whether to end
 	// the loop with nothing to report.
@@ -467,13 +553,17 @@ type pingLoop struct {
 	rtt  RTTEstimator
 }
 
-// run sends a PING every interval (±10%) after the last one was answered,
-// each with the timeout of rtt, until one is not answered in time or the
-// connection is lost (the failure to report is returned), ctx is done, the
-// server sent GOAWAY or stop says so (zero).
+// run sends PINGs until one is not answered in time or the connection is
+// lost or the server sent GOAWAY (the failure to report is returned), or
+// ctx is done or stop says so (zero). It wakes every interval (±10%) after
+// the last answer and PINGs if the endpoint is in use, or if idleInterval
+// passed since the last PING. Each PING has two deadlines: the timeout of
+// rtt, past which it is reported late (see late), and a confirmation
+// timeout past which the connection counts as lost (see confirmTimeout).
 func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	t := time.NewTimer(spread(l.interval))
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -482,39 +572,83 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			return l.lostFailure()
 		case <-t.C:
 		}
-		timeout := pingTimeout(&l.rtt)
-		pctx, cancel := context.WithTimeout(ctx, timeout)
-		start := time.Now()
-		err := l.ping(pctx)
-		cancel()
+		if l.inUse != nil && time.Since(last) < l.idleInterval-l.interval/2 && !l.inUse() {
+			t.Reset(spread(l.interval))
+			continue
+		}
+		last = time.Now()
+		f, err := l.pingOnce(ctx)
+		if f != 0 || err != nil || ctx.Err() != nil {
+			return f, err
+		}
 		now := time.Now()
-		switch {
-		case ctx.Err() != nil:
-			return 0, nil
-		case err != nil:
-			select {
-			case <-l.lost:
-				return l.lostFailure()
-			default:
-			}
-			return upstream.FailureConnLost, fmt.Errorf("held connection: PING unanswered within %v: %w", timeout, err)
+		if l.goingAway != nil && l.goingAway() {
+			return upstream.FailureGoAway, errors.New("held connection: the server sent GOAWAY")
 		}
-		l.rtt.Sample(now.Sub(start))
-		if l.acked != nil {
-			l.acked(now)
-		}
-		if l.goingAway != nil && l.goingAway() || l.stop != nil && l.stop(now) {
+		if l.stop != nil && l.stop(now) {
 			return 0, nil
 		}
 		t.Reset(spread(l.interval))
 	}
 }
 
-// lostFailure is the failure to report for a lost connection: none if
-// the server sent GOAWAY first.
+// pingOnce sends one PING and waits for its answer: past the timeout of
+// rtt it calls late (once), and past confirmTimeout it gives up with
+// FailureConnLost; an answer after late calls answered.
+func (l *pingLoop) pingOnce(ctx context.Context) (upstream.Failure, error) {
+	timeout := pingTimeout(&l.rtt)
+	confirm := confirmTimeout(timeout)
+	var (
+		mu         sync.Mutex
+		done, late bool
+	)
+	lateTimer := time.AfterFunc(timeout, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		late = true
+		if l.late != nil {
+			l.late(fmt.Errorf("held connection: PING unanswered within %v", timeout))
+		}
+	})
+	pctx, cancel := context.WithTimeout(ctx, confirm)
+	start := time.Now()
+	err := l.ping(pctx)
+	cancel()
+	now := time.Now()
+	mu.Lock()
+	done = true
+	wasLate := late
+	mu.Unlock()
+	lateTimer.Stop()
+	switch {
+	case ctx.Err() != nil:
+		return 0, nil
+	case err != nil:
+		select {
+		case <-l.lost:
+			return l.lostFailure()
+		default:
+		}
+		return upstream.FailureConnLost, fmt.Errorf("held connection: PING unanswered within %v: %w", confirm, err)
+	}
+	l.rtt.Sample(now.Sub(start))
+	if l.acked != nil {
+		l.acked(now, l.rtt.srtt)
+	}
+	if wasLate && l.answered != nil {
+		l.answered()
+	}
+	return 0, nil
+}
+
+// lostFailure is the failure to report for a lost connection:
+// FailureGoAway if the server sent GOAWAY first.
 func (l *pingLoop) lostFailure() (upstream.Failure, error) {
 	if l.goingAway != nil && l.goingAway() {
-		return 0, nil
+		return upstream.FailureGoAway, errors.New("held connection: the server sent GOAWAY and closed it")
 	}
 	return upstream.FailureConnLost, fmt.Errorf("held connection lost: %w", l.lostErr())
 }
@@ -530,6 +664,17 @@ func spread(d time.Duration) time.Duration {
 // counting) and pingTimeoutCap (2s). A far server (300ms away) thus gets
 // about 600ms, a near one 200ms.
 func pingTimeout(e *RTTEstimator) time.Duration { return e.Timeout(pingTimeoutFloor, pingTimeoutCap) }
+
+// confirmTimeout is how long a PING whose timeout is timeout may go
+// unanswered before the connection counts as lost: half as long again,
+// and at least pingConfirmMin (100ms) more. Past the timeout the PING is
+// reported late: one failure towards the pool's Fall, the endpoint
+// suspect; past the confirmation, a second. With the pool's default Fall
+// of 2, a near server that stops answering is down 300ms after the PING
+// it left unanswered, one that was only slow for a moment stays up.
+func confirmTimeout(timeout time.Duration) time.Duration {
+	return timeout + max(pingConfirmMin, timeout/2)
+}
 
 // Forget closes the held connection to addr (ProbeHeld) and drops its
 // TLS session, for an endpoint removed from the pool (on
@@ -569,4 +714,12 @@ func (p *Prober) Close() {
 		h.forget()
 	}
 	p.held.wg.Wait()
+}
+
+// errString is err's message, "" for nil.
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

@@ -3,6 +3,7 @@ package endpoint_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -56,9 +57,10 @@ func fakePing(rtt func() time.Duration) func(ctx context.Context) error {
 	}
 }
 
-// On a near server a PING unanswered for the floor (200ms) is a lost
-// connection, reported within one PING interval (+10% jitter) and that
-// timeout of the server hanging.
+// On a near server a PING unanswered for the floor (200ms) is reported
+// late, and the connection lost once it stays unanswered for the
+// confirmation (300ms): within one PING interval (+10% jitter) and that of
+// the server hanging.
 func TestPingLoopDetectsHang(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
@@ -69,12 +71,102 @@ func TestPingLoopDetectsHang(t *testing.T) {
 			}
 			return -1
 		}
-		f, err := endpoint.RunPingLoop(t.Context(), 250*time.Millisecond, time.Millisecond, fakePing(rtt), nil)
+		var late []time.Duration
+		f, err := endpoint.RunPingLoopWith(t.Context(), endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, Seed: time.Millisecond, Ping: fakePing(rtt),
+			Late:     func(err error) { late = append(late, time.Since(hang)) },
+			Answered: func() { t.Error("a PING never answered was answered") },
+		})
 		took := time.Since(hang)
 		assert.Equal(t, upstream.FailureConnLost, f)
-		assert.ErrorContains(t, err, "PING unanswered within 200ms")
-		assert.GreaterOrEqual(t, took, 200*time.Millisecond)
-		assert.LessOrEqual(t, took, 275*time.Millisecond+200*time.Millisecond+time.Millisecond)
+		assert.ErrorContains(t, err, "PING unanswered within 300ms")
+		assert.Equal(t, 300*time.Millisecond, endpoint.ConfirmTimeout(200*time.Millisecond))
+		if assert.Len(t, late, 1) {
+			assert.Equal(t, took-100*time.Millisecond, late[0], "late at the timeout, 100ms before the confirmation")
+		}
+		assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+		assert.LessOrEqual(t, took, 275*time.Millisecond+300*time.Millisecond+time.Millisecond)
+	})
+}
+
+// A PING answered after its timeout but before the confirmation is
+// reported late, then answered; the connection is not lost.
+func TestPingLoopLateAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		rtt := func() time.Duration {
+			n++
+			if n == 5 {
+				return 250 * time.Millisecond
+			}
+			return time.Millisecond
+		}
+		var events []string
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		f, err := endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, Seed: time.Millisecond, Ping: fakePing(rtt),
+			Late:     func(err error) { events = append(events, "late: "+err.Error()) },
+			Answered: func() { events = append(events, "answered") },
+		})
+		assert.Zero(t, f)
+		assert.NoError(t, err)
+		assert.Equal(t, []string{"late: held connection: PING unanswered within 200ms", "answered"}, events)
+		assert.Greater(t, n, 10, "PINGs go on")
+	})
+}
+
+// An endpoint not in use is PINGed every IdleInterval, one in use every
+// Interval; the change takes effect within one Interval.
+func TestPingLoopInUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pings []time.Time
+		ping := func(ctx context.Context) error {
+			pings = append(pings, time.Now())
+			return nil
+		}
+		start := time.Now()
+		var inUse atomic.Bool
+		time.AfterFunc(10*time.Second, func() { inUse.Store(true) })
+		ctx, cancel := context.WithTimeout(t.Context(), 12*time.Second)
+		defer cancel()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
+			InUse: inUse.Load, Ping: ping,
+		})
+		idle, busy := 0, 0
+		for _, p := range pings {
+			if p.Sub(start) < 10*time.Second {
+				idle++
+			} else {
+				busy++
+			}
+		}
+		assert.InDelta(t, 5, idle, 1, "idle: one PING per 2s over 10s")
+		assert.InDelta(t, 8, busy, 1, "in use: one PING per 250ms over 2s")
+	})
+}
+
+// A server that sends GOAWAY ends the loop with FailureGoAway, whether it
+// closes the connection at once or answers PINGs meanwhile.
+func TestPingLoopGoAway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var away atomic.Bool
+		time.AfterFunc(time.Second, func() { away.Store(true) })
+		f, err := endpoint.RunPingLoopWith(t.Context(), endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, Seed: time.Millisecond,
+			Ping: fakePing(func() time.Duration { return time.Millisecond }), GoingAway: away.Load,
+		})
+		assert.Equal(t, upstream.FailureGoAway, f)
+		assert.ErrorContains(t, err, "GOAWAY")
+
+		lost := make(chan struct{})
+		close(lost)
+		f, _ = endpoint.RunPingLoopWith(t.Context(), endpoint.PingLoopHooks{
+			Interval: time.Hour, Seed: time.Millisecond, Lost: lost,
+			Ping: fakePing(func() time.Duration { return 0 }), GoingAway: func() bool { return true },
+		})
+		assert.Equal(t, upstream.FailureGoAway, f)
 	})
 }
 

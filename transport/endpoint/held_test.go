@@ -37,6 +37,10 @@ type h2Server struct {
 	frozen     atomic.Bool
 	// stall, if set, blocks /readyz until it is closed.
 	stall atomic.Pointer[chan struct{}]
+	// closeAnonymous closes the connection after a request without an
+	// Authorization header, as kube-apiserver does
+	// (UnauthenticatedHTTP2DOSMitigation): GOAWAY after the answer.
+	closeAnonymous atomic.Bool
 }
 
 func newH2Server(t testing.TB, cert tls.Certificate) *h2Server {
@@ -52,6 +56,9 @@ func newH2Server(t testing.TB, cert tls.Certificate) *h2Server {
 			case <-*stall:
 			case <-r.Context().Done():
 			}
+		}
+		if s.closeAnonymous.Load() && r.Header.Get("Authorization") == "" {
+			w.Header().Set("Connection", "close")
 		}
 		w.WriteHeader(int(s.status.Load()))
 		w.Write([]byte("ok\n"))
@@ -113,13 +120,22 @@ type report struct {
 	f    upstream.Failure
 	err  error
 	at   time.Time
+	// answered: a late PING was answered (ReportAnswered), not a failure.
+	answered bool
 }
 
 func newReporter() *reporter { return &reporter{seen: make(chan struct{}, 100)} }
 
 func (r *reporter) ReportFailure(addr string, f upstream.Failure, err error) {
 	r.mu.Lock()
-	r.got = append(r.got, report{addr, f, err, time.Now()})
+	r.got = append(r.got, report{addr: addr, f: f, err: err, at: time.Now()})
+	r.mu.Unlock()
+	r.seen <- struct{}{}
+}
+
+func (r *reporter) ReportAnswered(addr string) {
+	r.mu.Lock()
+	r.got = append(r.got, report{addr: addr, at: time.Now(), answered: true})
 	r.mu.Unlock()
 	r.seen <- struct{}{}
 }
@@ -145,9 +161,18 @@ func (r *reporter) wait(t *testing.T, d time.Duration) report {
 // heldProber returns a ProbeHeld prober for pki's servers, closed when the
 // test ends.
 func heldProber(t testing.TB, pki *testPKI, rep endpoint.Reporter) *endpoint.Prober {
+	return heldProberWith(t, pki, rep, nil)
+}
+
+// heldProberWith is heldProber with its configuration changed by edit.
+func heldProberWith(t testing.TB, pki *testPKI, rep endpoint.Reporter, edit func(*endpoint.ProbeConfig)) *endpoint.Prober {
 	roots := x509.NewCertPool()
 	roots.AddCert(pki.CA)
-	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots, PingInterval: 100 * time.Millisecond})
+	c := endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName, RootCAs: roots, PingInterval: 100 * time.Millisecond}
+	if edit != nil {
+		edit(&c)
+	}
+	p, err := endpoint.NewProber(c)
 	require.NoError(t, err)
 	p.Reporter = rep
 	t.Cleanup(p.Close)
@@ -168,21 +193,68 @@ func TestParseProbeModeHeld(t *testing.T) {
 	assert.ErrorContains(t, err, "readyz, held, tls, tcp")
 	m, err = endpoint.ParseProbeMode("")
 	require.NoError(t, err)
-	assert.Equal(t, endpoint.ProbeReadyz, m, "the default stays readyz")
+	assert.Equal(t, endpoint.ProbeHeld, m, "held is the default")
 }
 
-// Probes of a held channel share one TLS handshake: GET /readyz goes over
-// the HTTP/2 connection opened by the first probe.
+// Probes of a held channel share one TLS handshake, and GET /readyz goes
+// over it only every ReadyzInterval: the probes between take the word of
+// the answered PINGs and send nothing.
 func TestHeldProbeOneHandshake(t *testing.T) {
 	pki := newPKI(t)
 	s := newH2Server(t, pki.Cert)
-	p := heldProber(t, pki, newReporter())
+	p := heldProberWith(t, pki, newReporter(), func(c *endpoint.ProbeConfig) { c.ReadyzInterval = 400 * time.Millisecond })
 	for range 5 {
 		require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
 	}
 	assert.Equal(t, int32(1), s.handshakes.Load())
-	assert.Equal(t, int32(5), s.requests.Load())
+	assert.Equal(t, int32(1), s.requests.Load(), "one GET /readyz per ReadyzInterval")
+	time.Sleep(450 * time.Millisecond)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(2), s.requests.Load())
+	assert.Equal(t, int32(1), s.handshakes.Load())
 	assert.Zero(t, s.h1.Load())
+}
+
+// Only a 200 is taken on trust: after any other answer every probe asks
+// /readyz again, and so does the first probe over a new connection.
+func TestHeldProbeTrustsOnlyReady(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	s.status.Store(http.StatusInternalServerError)
+	for range 3 {
+		require.Error(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	}
+	assert.Equal(t, int32(3), s.requests.Load())
+	s.status.Store(http.StatusOK)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(4), s.requests.Load())
+
+	s.CloseClientConnections()
+	assert.Eventually(t, func() bool { return s.closed.Load() == 1 }, time.Second, 5*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(5), s.requests.Load(), "a new connection asks /readyz")
+	assert.Equal(t, int32(2), s.handshakes.Load())
+}
+
+// ProbeRTT tells the PINGs' smoothed round trip, with or without a
+// request: on loopback well under the time a GET /readyz takes.
+func TestHeldProbeRTT(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	rtt, err := p.ProbeRTT(probeCtx(t, time.Second), s.addr)
+	require.NoError(t, err)
+	assert.Positive(t, rtt)
+	time.Sleep(300 * time.Millisecond) // PINGs answered
+	rtt, err = p.ProbeRTT(probeCtx(t, time.Second), s.addr)
+	require.NoError(t, err)
+	assert.Positive(t, rtt)
+	assert.Less(t, rtt, 50*time.Millisecond)
+	assert.Equal(t, int32(1), s.requests.Load())
 }
 
 // A server that does not speak HTTP/2 is probed as ProbeReadyz does: one
@@ -225,8 +297,10 @@ func TestHeldProbeReadyzError(t *testing.T) {
 }
 
 // A server that stops answering is reported as soon as a PING goes
-// unanswered, with no probe in between; the next probe fails as a plain
-// timeout (not ReadyzError: the server does not answer at all).
+// unanswered past its timeout (late), and again when it stays unanswered
+// past the confirmation, with no probe in between; the next probe fails
+// as a plain timeout (not ReadyzError: the server does not answer at
+// all).
 func TestHeldReportsFrozenServer(t *testing.T) {
 	pki := newPKI(t)
 	s := newH2Server(t, pki.Cert)
@@ -238,17 +312,24 @@ func TestHeldReportsFrozenServer(t *testing.T) {
 
 	frozen := time.Now()
 	s.frozen.Store(true)
-	r := rep.wait(t, 2*time.Second)
-	// PING interval (100ms, +10% jitter) + the timeout's floor (200ms).
-	assert.Less(t, r.at.Sub(frozen), 600*time.Millisecond)
-	assert.Equal(t, s.addr, r.addr)
-	assert.Equal(t, upstream.FailureConnLost, r.f)
-	assert.ErrorContains(t, r.err, "PING")
+	late := rep.wait(t, 2*time.Second)
+	lost := rep.wait(t, 2*time.Second)
+	// PING interval (100ms, +10% jitter) + the timeout's floor (200ms),
+	// then the confirmation (100ms more).
+	assert.Less(t, late.at.Sub(frozen), 600*time.Millisecond)
+	assert.Less(t, lost.at.Sub(frozen), 700*time.Millisecond)
+	assert.GreaterOrEqual(t, lost.at.Sub(late.at), 90*time.Millisecond)
+	for _, r := range []report{late, lost} {
+		assert.Equal(t, s.addr, r.addr)
+		assert.Equal(t, upstream.FailureConnLost, r.f)
+	}
+	assert.ErrorContains(t, late.err, "PING unanswered within 200ms")
+	assert.ErrorContains(t, lost.err, "PING unanswered within 300ms")
 
 	err := p.Probe(probeCtx(t, 300*time.Millisecond), s.addr)
 	require.Error(t, err)
 	assert.False(t, endpoint.IsReadyzError(err), "%v", err)
-	assert.Len(t, rep.reports(), 1, "a failed probe is the pool's result, not reported")
+	assert.Len(t, rep.reports(), 2, "a failed probe is the pool's result, not reported")
 }
 
 // A connection lost (the server closed it) is reported at once; the next
@@ -306,7 +387,7 @@ func TestHeldForgetAndClose(t *testing.T) {
 func TestHeldProbeDeadlineClosesConnection(t *testing.T) {
 	pki := newPKI(t)
 	s := newH2Server(t, pki.Cert)
-	p := heldProber(t, pki, newReporter())
+	p := heldProberWith(t, pki, newReporter(), func(c *endpoint.ProbeConfig) { c.ReadyzInterval = time.Nanosecond })
 	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -317,8 +398,9 @@ func TestHeldProbeDeadlineClosesConnection(t *testing.T) {
 }
 
 // With the pool as its Reporter, a server that hangs is avoided by new
-// connections (suspect) as soon as a PING goes unanswered, and is down
-// after the probe that follows; the other endpoint stays healthy.
+// connections (suspect) as soon as a PING goes unanswered past its
+// timeout, and is down when it stays unanswered past the confirmation,
+// without waiting for a probe; the other endpoint stays healthy.
 func TestHeldWithPool(t *testing.T) {
 	pki := newPKI(t)
 	a, b := newH2Server(t, pki.Cert), newH2Server(t, pki.Cert)
@@ -370,25 +452,32 @@ func TestHeldWithPool(t *testing.T) {
 	}
 	t.Logf("hung server suspect after %v, down after %v", suspect.Round(time.Millisecond), downAt.Sub(frozen).Round(time.Millisecond))
 	assert.Less(t, suspect, 700*time.Millisecond)
-	assert.Less(t, downAt.Sub(frozen), 2*time.Second)
+	// PING interval 250ms (+10%), timeout 200ms, confirmation 100ms: a
+	// probe after the first report (a new connection's handshake, 1s
+	// timeout) would take longer.
+	assert.Less(t, downAt.Sub(frozen), 900*time.Millisecond)
 	got, err := pool.Pick()
 	require.NoError(t, err)
 	assert.Equal(t, b.addr, got)
 }
 
-// A server that shuts down gracefully (GOAWAY, then close) is not
-// reported: kube-apiserver also sends GOAWAY to rebalance connections
-// (--goaway-chance). The next probe tells.
-func TestHeldGoAwayNotReported(t *testing.T) {
+// A server that shuts down gracefully (GOAWAY, then close) is reported, to
+// a prober with credentials, as going away (FailureGoAway: ranked lower, not counted towards Fall; a
+// GOAWAY sent to rebalance connections, --goaway-chance, is lifted by the
+// next probe). That probe tells: here the server is gone.
+func TestHeldGoAwayReported(t *testing.T) {
 	pki := newPKI(t)
 	s := newH2Server(t, pki.Cert)
 	rep := newReporter()
-	p := heldProber(t, pki, rep)
+	p := heldProberWith(t, pki, rep, func(c *endpoint.ProbeConfig) { c.BearerToken = "t" })
 	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
 	require.NoError(t, s.Config.Shutdown(probeCtx(t, time.Second)))
+	r := rep.wait(t, time.Second)
+	assert.Equal(t, upstream.FailureGoAway, r.f)
+	assert.ErrorContains(t, r.err, "GOAWAY")
 	assert.Eventually(t, func() bool { return s.closed.Load() == 1 }, time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
-	assert.Empty(t, rep.reports())
+	assert.Len(t, rep.reports(), 1)
 	assert.Error(t, p.Probe(probeCtx(t, time.Second), s.addr))
 }
 
@@ -444,4 +533,30 @@ func TestHeldProbeReverifiesAfterCAChange(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	err = p.Probe(probeCtx(t, time.Second), s.addr)
 	require.ErrorIs(t, err, upstream.ErrCertificate)
+}
+
+// A server that closes the connection after each anonymous request (as
+// kube-apiserver does) is not reported going away: every anonymous probe
+// reconnects, without a failure. With credentials the connection is held.
+func TestHeldAnonymousGoAwayNotReported(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	s.closeAnonymous.Store(true)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	for range 3 {
+		require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+		assert.Eventually(t, func() bool { return s.closed.Load() >= s.handshakes.Load() }, time.Second, 5*time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	assert.Empty(t, rep.reports())
+	assert.Equal(t, int32(3), s.handshakes.Load(), "a new connection per anonymous probe")
+
+	authed := heldProberWith(t, pki, rep, func(c *endpoint.ProbeConfig) { c.BearerToken = "t" })
+	for range 3 {
+		require.NoError(t, authed.Probe(probeCtx(t, time.Second), s.addr))
+	}
+	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, int32(4), s.handshakes.Load(), "one connection held with credentials")
+	assert.Empty(t, rep.reports())
 }

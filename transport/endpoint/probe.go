@@ -34,22 +34,26 @@ const (
 	ProbeTLS ProbeMode = "tls"
 	// ProbeTCP: a TCP connect only.
 	ProbeTCP ProbeMode = "tcp"
-	// ProbeHeld: GET /readyz as ProbeReadyz, over one HTTP/2 connection
-	// per endpoint held open between probes (verified as ProbeReadyz
-	// verifies), so that only its first probe costs the server a TLS
-	// handshake; between probes a PING every PingInterval watches the
-	// connection and a PING unanswered in time, or the connection's loss,
-	// is reported to Reporter at once. A server that does not negotiate
+	// ProbeHeld (the default): one HTTP/2 connection per endpoint held
+	// open (verified as ProbeReadyz verifies), so that only its first
+	// probe costs the server a TLS handshake. PINGs watch it (every
+	// PingInterval while the endpoint is in use, every IdlePingInterval
+	// otherwise); a PING unanswered past its timeout, past its
+	// confirmation, or the connection's loss is reported to Reporter at
+	// once. GET /readyz goes over it every ReadyzInterval, the probes in
+	// between take the answered PINGs' word: the server's CPU a probe
+	// costs is mostly serving /readyz. A server that does not negotiate
 	// HTTP/2 is probed as ProbeReadyz does. See Prober.Forget and
 	// Prober.Close for the connections' lifetime.
 	ProbeHeld ProbeMode = "held"
 )
 
-// ParseProbeMode validates a probe mode name; "" means ProbeReadyz.
+// ParseProbeMode validates a probe mode name; "" means ProbeHeld, the
+// default of NewProber and of both front ends.
 func ParseProbeMode(s string) (ProbeMode, error) {
 	switch m := ProbeMode(strings.ToLower(s)); m {
 	case "":
-		return ProbeReadyz, nil
+		return ProbeHeld, nil
 	case ProbeReadyz, ProbeHeld, ProbeTLS, ProbeTCP:
 		return m, nil
 	}
@@ -61,7 +65,8 @@ func ParseProbeMode(s string) (ProbeMode, error) {
 // caught, except with ProbeHeld, which holds one per endpoint and watches
 // it with PINGs.
 type Prober struct {
-	// Mode is the check to run. If empty, ProbeReadyz.
+	// Mode is the check to run. If empty, ProbeReadyz (NewProber's
+	// default is ProbeHeld).
 	Mode ProbeMode
 	// TLSConfig verifies the server (RootCAs, ServerName = the origin's
 	// name) and may carry a client certificate. Required for readyz and tls.
@@ -83,9 +88,24 @@ type Prober struct {
 	// Logger receives the reloads of those files and their failures. The
 	// zero value discards.
 	Logger logr.Logger
-	// PingInterval is how often ProbeHeld sends a PING on each held
-	// connection. If zero, DefaultPingInterval (250ms).
+	// PingInterval is how often ProbeHeld PINGs the held connection of
+	// an endpoint in use (see InUse). If zero, DefaultPingInterval
+	// (250ms).
 	PingInterval time.Duration
+	// IdlePingInterval is how often ProbeHeld PINGs the held connection
+	// of an endpoint not in use. If zero, DefaultIdlePingInterval (5s);
+	// never more often than PingInterval.
+	IdlePingInterval time.Duration
+	// InUse, if set, reports whether addr carries connections, so that
+	// its held connection is PINGed every PingInterval: a server that
+	// stops answering is then caught before the requests on it wait
+	// long. Others are PINGed every IdlePingInterval. If nil, every
+	// endpoint is in use.
+	InUse func(addr string) bool
+	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
+	// held connection whose PINGs are answered in time; probes between
+	// take the PINGs' word. If zero, DefaultReadyzInterval (10s).
+	ReadyzInterval time.Duration
 	// Reporter, if set, receives the failures ProbeHeld sees between
 	// probes, when they happen: a PING unanswered in time or a connection
 	// lost (upstream.FailureConnLost), a GOAWAY (upstream.FailureGoAway).
@@ -224,7 +244,8 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 // connections.
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
-		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, Reporter: p.Reporter, files: p.files}
+		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, IdlePingInterval: p.IdlePingInterval,
+		InUse: p.InUse, ReadyzInterval: p.ReadyzInterval, Reporter: p.Reporter, files: p.files}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client
@@ -255,9 +276,22 @@ const maxProbeResponse = 64 << 10
 // yet valid by this host's clock. With ProbeHeld, a Prober that was closed
 // fails with ErrProberClosed.
 func (p *Prober) Probe(ctx context.Context, addr string) error {
+	_, err := p.ProbeRTT(ctx, addr)
+	return err
+}
+
+// ProbeRTT is Probe, with the round trip to addr when the probe knows it
+// better than by its own duration: the smoothed PING round trip of a held
+// connection (ProbeHeld). Zero otherwise: the pool then times the probe.
+func (p *Prober) ProbeRTT(ctx context.Context, addr string) (time.Duration, error) {
 	if p.Mode == ProbeHeld {
 		return p.probeHeld(ctx, addr)
 	}
+	return 0, p.probeFresh(ctx, addr)
+}
+
+// probeFresh probes addr over a new connection.
+func (p *Prober) probeFresh(ctx context.Context, addr string) error {
 	raw, err := p.dial(ctx, addr)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ import (
 // Timeout): each probe gets its deadline from the context the pool gives
 // it.
 type ProbeConfig struct {
-	// Mode is the check. If empty, ProbeReadyz.
+	// Mode is the check. If empty, ProbeHeld.
 	Mode ProbeMode
 
 	// ServerName is the name the API server certificates are verified
@@ -92,6 +92,14 @@ type ProbeConfig struct {
 	// Reporter, which receives what the PINGs find, is set once the pool
 	// exists.
 	PingInterval time.Duration
+	// IdlePingInterval is how often ProbeHeld PINGs the held connection
+	// of an endpoint not in use (see Prober.InUse, which the front end
+	// sets). If zero, DefaultIdlePingInterval (5s).
+	IdlePingInterval time.Duration
+	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
+	// held connection whose PINGs are answered. If zero,
+	// DefaultReadyzInterval (10s).
+	ReadyzInterval time.Duration
 }
 
 // ProbeConfigError is a ProbeConfig that NewProber cannot build a Prober
@@ -117,7 +125,8 @@ func NewProber(c ProbeConfig) (*Prober, error) {
 	if err != nil {
 		return nil, &ProbeConfigError{Field: "Mode", Err: err}
 	}
-	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger, PingInterval: c.PingInterval}
+	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger,
+		PingInterval: c.PingInterval, IdlePingInterval: c.IdlePingInterval, ReadyzInterval: c.ReadyzInterval}
 	if mode == ProbeTCP {
 		return p, nil
 	}

@@ -53,7 +53,7 @@ func TestNewProberValidation(t *testing.T) {
 		msg   string // in the error
 	}{
 		{"mode", endpoint.ProbeConfig{Mode: "http", ServerName: originName}, "Mode", `invalid probe mode "http"`},
-		{"no server name", endpoint.ProbeConfig{CAFile: caFile}, "ServerName", "probe mode readyz verifies"},
+		{"no server name", endpoint.ProbeConfig{CAFile: caFile}, "ServerName", "probe mode held verifies"},
 		{"no server name for tls", endpoint.ProbeConfig{Mode: endpoint.ProbeTLS, TLSConfig: &tls.Config{}}, "ServerName", "probe mode tls verifies"},
 		{"no server name for held", endpoint.ProbeConfig{Mode: endpoint.ProbeHeld}, "ServerName", "probe mode held verifies"},
 		{"CA file missing", endpoint.ProbeConfig{ServerName: originName, CAFile: missing}, "CAFile", missing},
