@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
-
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/testbed/bedtest"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // scenario is one fault injected under load. run asserts its invariants
@@ -21,18 +20,34 @@ type scenario struct {
 	// clientCert, if set, makes the client authenticate with a client
 	// certificate file (see withClientCert) instead of the admin token.
 	clientCert bool
+	// readyzInterval, if set, is the client's held /readyz interval.
+	readyzInterval time.Duration
+	// probe, if set, is the client's probe mode instead of the suite's.
+	probe endpoint.ProbeMode
 }
 
 var scenarios = []scenario{
 	{name: "S1-kill", fault: "SIGKILL the serving apiserver", run: s1Kill},
 	{name: "S2-blackhole", fault: "iptables DROP to and from the serving apiserver", run: s2Blackhole},
 	{name: "S3-hang", fault: "SIGSTOP the serving apiserver", run: s3Hang},
-	{name: "S4-graceful", fault: "SIGTERM the serving apiserver (shutdown delay 2s)", run: s4Graceful},
+	// With /readyz every second, within the shutdown delay: new requests
+	// leave at once. With the default (10s, longer than the delay) they
+	// leave on the server's GOAWAY when the delay ends: S4b.
+	{name: "S4-graceful", fault: "SIGTERM the serving apiserver (shutdown delay 2s)", run: s4Graceful, readyzInterval: time.Second},
+	{name: "S4b-graceful-goaway", fault: "SIGTERM the serving apiserver (shutdown delay 2s, shorter than the /readyz interval)", run: s4Graceful},
 	{name: "S5-generatename", fault: "SIGKILL then blackhole the serving apiserver under generateName creates", run: s5GenerateName},
 	{name: "S6-all-down", fault: "SIGKILL every apiserver, then restart one", run: s6AllDown},
 	{name: "S7-churn", fault: "AddAPIServer, move traffic to it, RemoveAPIServer", run: s7Churn},
-	{name: "S8-etcd-pause", fault: "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", run: s8EtcdPause},
-	{name: "S9-slow", fault: "new connections to the serving apiserver answer slowly (+300ms handshake, +2s per response)", run: s9Slow},
+	// The pause is shorter than the held probes' default /readyz interval
+	// (10s), which would mostly not see it: /readyz every second, so that
+	// every apiserver fails it and the clients fail open.
+	{name: "S8-etcd-pause", fault: "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", run: s8EtcdPause, readyzInterval: time.Second},
+	// The shim slows only new connections; a held probe connection made
+	// before keeps its speed, and only new connections could tell. So
+	// the probes here make a new connection each, as the readyz mode
+	// does (a server slow itself is seen by the held connection's PINGs,
+	// as in S3).
+	{name: "S9-slow", fault: "new connections to the serving apiserver answer slowly (+300ms handshake, +2s per response)", run: s9Slow, probe: endpoint.ProbeReadyz},
 	{name: "S10-lossy", fault: "20% of packets to and from the serving apiserver dropped at random", run: s10Lossy},
 	{name: "S11-cert", fault: "an apiserver restarts with a not-yet-valid serving certificate, then a misnamed one, then a good one", run: s11Cert},
 	{name: "S12-client-cert-rotation", fault: "the client certificate file is replaced before the old certificate expires", run: s12ClientCertRotation, clientCert: true},
@@ -59,17 +74,17 @@ func TestFailover(t *testing.T) {
 					t.Fatalf("heal before the scenario: %v", err)
 				}
 				var cc *clientCertFile
-				var auth func(*rest.Config)
+				o := connectOptions{readyzInterval: sc.readyzInterval, probe: sc.probe}
 				if sc.clientCert {
-					cc, auth = withClientCert(t, bed)
+					cc, o.auth = withClientCert(t, bed)
 				}
-				c := p.connect(t, ctx, bed, auth)
+				c := p.connect(t, ctx, bed, o)
 				t.Cleanup(func() {
 					if t.Failed() {
 						t.Logf("client log:\n%s", c.Log())
 					}
 				})
-				e := &env{t: t, ctx: ctx, bed: bed, c: c, row: r, clientCert: cc}
+				e := &env{t: t, ctx: ctx, bed: bed, c: c, row: r, clientCert: cc, readyzInterval: sc.readyzInterval, probe: o.probeMode(t)}
 				e.settle()
 				e.startKubectl()
 				sc.run(e)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // Budgets and waits.
@@ -18,6 +19,11 @@ const (
 	// resumeBudget: a hung or blackholed serving apiserver must be
 	// replaced, for requests and for the informer, within this time.
 	resumeBudget = 3 * time.Second
+	// heldDetectBudget: with held probes a killed, blackholed or hung
+	// serving apiserver must be marked down within this time (a PING
+	// every 250ms, down 300ms after one unanswered: about 0.4s; the rest
+	// is room for a loaded 2-core machine).
+	heldDetectBudget = 1500 * time.Millisecond
 	// afterResume is how long the load keeps running once the client has
 	// resumed, so that late failures show.
 	afterResume = time.Second
@@ -44,6 +50,11 @@ type env struct {
 	// clientCert is the client's certificate file, for scenarios with
 	// clientCert set.
 	clientCert *clientCertFile
+	// readyzInterval is the client's held /readyz interval, zero for the
+	// default (endpoint.DefaultReadyzInterval).
+	readyzInterval time.Duration
+	// probe is the client's probe mode.
+	probe endpoint.ProbeMode
 }
 
 // figure records a measurement in the summary row (to the millisecond)

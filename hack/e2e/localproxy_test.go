@@ -87,7 +87,7 @@ func testKubectlUnderFaults(t *testing.T, ctx context.Context, bed *testbed.Bed)
 		}
 	})
 	logs := &logBuffer{}
-	p := startLocalProxy(t, ctx, bed, prometheus.NewRegistry(), logs.logger())
+	p := startLocalProxy(t, ctx, bed, prometheus.NewRegistry(), logs.logger(), connectOptions{})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("proxy log:\n%s", logs.String())

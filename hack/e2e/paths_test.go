@@ -33,7 +33,7 @@ type path struct {
 	// connect builds a client for bed. It registers its own cleanup.
 	// auth, if set, changes the client's credentials (the admin token by
 	// default) before it is built.
-	connect func(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client
+	connect func(t *testing.T, ctx context.Context, bed *testbed.Bed, o connectOptions) *client
 }
 
 // paths are the client paths under test: transport.Wrap in-process, and
@@ -101,14 +101,14 @@ const recoverySlack = 2 * time.Second
 
 // connectTransport is the in-process path: transport.Wrap on the origin
 // config with default options (discovery on).
-func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client {
+func connectTransport(t *testing.T, ctx context.Context, bed *testbed.Bed, o connectOptions) *client {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
-	opts := transport.Options{Registerer: reg, Logger: logs.logger(), Probe: probeMode(t)}
+	opts := transport.Options{Registerer: reg, Logger: logs.logger(), Probe: o.probeMode(t), ProbeReadyzInterval: o.readyzInterval}
 	cfg := bed.RESTConfig(testbed.Origin)
-	if auth != nil {
-		auth(cfg)
+	if o.auth != nil {
+		o.auth(cfg)
 	}
 	f, err := transport.Wrap(ctx, cfg, opts)
 	if err != nil {
@@ -210,8 +210,27 @@ const (
 	proxyHealthAddr = "127.0.0.1:7446"
 )
 
+// connectOptions are what a scenario changes in a path's client.
+type connectOptions struct {
+	// auth, if set, changes the client's credentials.
+	auth func(*rest.Config)
+	// readyzInterval, if set, is the held probes' GET /readyz interval
+	// (default endpoint.DefaultReadyzInterval).
+	readyzInterval time.Duration
+	// probe, if set, is the probe mode instead of APIFAILOVER_E2E_PROBE.
+	probe endpoint.ProbeMode
+}
+
+// probeMode is o's probe mode, else the suite's.
+func (o connectOptions) probeMode(t *testing.T) endpoint.ProbeMode {
+	if o.probe != "" {
+		return o.probe
+	}
+	return probeMode(t)
+}
+
 // probeMode is the health check of both paths: APIFAILOVER_E2E_PROBE
-// (readyz, held, tls, tcp), readyz if unset.
+// (held, readyz, tls, tcp), held if unset, as in both paths.
 func probeMode(t *testing.T) endpoint.ProbeMode {
 	m, err := endpoint.ParseProbeMode(os.Getenv("APIFAILOVER_E2E_PROBE"))
 	if err != nil {
@@ -225,7 +244,7 @@ func probeMode(t *testing.T) endpoint.ProbeMode {
 // the bed's apiservers: readyz probes verified with the bed's CA and
 // origin name, discovery through the proxy as the localproxy identity. It
 // returns once the listeners are bound; cleanup stops it and waits.
-func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger) *localproxy.Proxy {
+func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger, o connectOptions) *localproxy.Proxy {
 	t.Helper()
 	var eps []string
 	for _, s := range bed.APIServers() {
@@ -235,7 +254,10 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
 		t.Fatal("bed CA: no certificate")
 	}
-	probe := &endpoint.ProbeConfig{Mode: probeMode(t), ServerName: bed.OriginName(), RootCAs: roots}
+	// Probes authenticate as cmd/localproxy's do, with the credentials of
+	// its kubeconfig: kube-apiserver closes anonymous HTTP/2 connections.
+	probe := &endpoint.ProbeConfig{Mode: o.probeMode(t), ServerName: bed.OriginName(), RootCAs: roots, ReadyzInterval: o.readyzInterval,
+		BearerToken: bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity).BearerToken}
 	p, err := localproxy.New(localproxy.Config{
 		Endpoints:       eps,
 		Origin:          bed.OriginName(),
@@ -276,14 +298,14 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 
 // connectLocalProxy is the node-local proxy path: a localproxy in this
 // process and an admin client for testbed.LocalProxy through it.
-func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, auth func(*rest.Config)) *client {
+func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, o connectOptions) *client {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
-	p := startLocalProxy(t, ctx, bed, reg, logs.logger())
+	p := startLocalProxy(t, ctx, bed, reg, logs.logger(), o)
 	cfg := bed.RESTConfig(testbed.LocalProxy)
-	if auth != nil {
-		auth(cfg)
+	if o.auth != nil {
+		o.auth(cfg)
 	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
