@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
@@ -31,35 +33,39 @@ import (
 
 // Contender names of the cost measurement.
 const (
-	costTransportReadyz  = "transport-readyz"
-	costTransportHeld    = "transport-held"
-	costTransportHeld1s  = "transport-held-ping-1s"
-	costLocalProxyReadyz = "localproxy-readyz"
-	costLocalProxyHeld   = "localproxy-held"
-	costHAProxyKubespray = "haproxy-kubespray"
-	costHAProxyInter1s   = "haproxy-inter-1s"
-	costNone             = "none"
+	costTransportReadyz   = "transport-readyz"
+	costTransportHeld     = "transport-held"
+	costTransportHeldConn = "transport-held-conn"
+	costLocalProxyReadyz  = "localproxy-readyz"
+	costLocalProxyHeld    = "localproxy-held"
+	costLocalProxyConn    = "localproxy-held-conn"
+	costHAProxyKubespray  = "haproxy-kubespray"
+	costHAProxyInter1s    = "haproxy-inter-1s"
+	costNone              = "none"
 )
 
-// costContenders in the order they run, each between two baselines.
-// transport-held-ping-1s tells the PINGs' share of transport-held's cost.
+// costContenders in the order they run, each between two baselines. The
+// -conn ones are the held defaults with one idle client connection open
+// through each client, as a kubelet's or a controller's watch keeps one:
+// the endpoint it is on is in use, its held connection PINGed every
+// 250ms.
 var costContenders = []string{
-	costTransportReadyz, costTransportHeld,
-	costLocalProxyReadyz, costLocalProxyHeld,
+	costTransportReadyz, costTransportHeld, costTransportHeldConn,
+	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn,
 	costHAProxyKubespray, costHAProxyInter1s,
-	costTransportHeld1s,
 }
 
 // costDescriptions for the report.
 var costDescriptions = map[string]string{
-	costTransportReadyz:  "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second)",
-	costTransportHeld:    "transport.Wrap clients in the bench process, probe held (GET /readyz every second and a PING every 250ms on one HTTP/2 connection per apiserver)",
-	costTransportHeld1s:  "as transport-held with ProbePingInterval 1s (not a default: tells the PINGs' share)",
-	costLocalProxyReadyz: "localproxy processes, --probe=readyz",
-	costLocalProxyHeld:   "localproxy processes, --probe=held",
-	costHAProxyKubespray: "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
-	costHAProxyInter1s:   "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
-	costNone:             "no client: the apiservers at rest",
+	costTransportReadyz:   "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second; the former default)",
+	costTransportHeld:     "transport.Wrap clients in the bench process, probe held (the default: one HTTP/2 connection per apiserver, GET /readyz every 10s, a PING every 5s as no request uses it)",
+	costTransportHeldConn: "as transport-held, each client with one idle HTTP/2 request connection open (one GET /version first): that apiserver's held connection is PINGed every 250ms, and the request connection every 1s (transport PingInterval)",
+	costLocalProxyReadyz:  "localproxy processes, --probe=readyz",
+	costLocalProxyHeld:    "localproxy processes, --probe=held (the default)",
+	costLocalProxyConn:    "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
+	costHAProxyKubespray:  "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
+	costHAProxyInter1s:    "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
+	costNone:              "no client: the apiservers at rest",
 }
 
 // Ports of the cost contenders' instance i: base + i, apart from the
@@ -151,7 +157,10 @@ type costGroup struct {
 	unhealthy func() string
 	// exited describes client processes that died, "" if none did.
 	exited func() string
-	close  func()
+	// connect, if set, opens the clients' connections once every client
+	// counts every apiserver healthy.
+	connect func() error
+	close   func()
 }
 
 // runCost measures every contender and the baselines.
@@ -283,7 +292,7 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 }
 
 func costInProcess(contender string) bool {
-	return contender == costTransportReadyz || contender == costTransportHeld || contender == costTransportHeld1s
+	return strings.HasPrefix(contender, "transport-")
 }
 
 // costContender starts contender name's clients, waits until every one
@@ -307,6 +316,11 @@ func costContender(ctx context.Context, e *env, name string, cfg costConfig, api
 			return s, "", ctx.Err()
 		}
 		return s, "", fmt.Errorf("clients do not count every apiserver healthy after %s: %s", costReadyLimit, g.unhealthy())
+	}
+	if g.connect != nil {
+		if err := g.connect(); err != nil {
+			return s, "", fmt.Errorf("opening the client connections: %w", err)
+		}
 	}
 	say("  %s: every client counts every apiserver healthy after %.1fs; settling %s", name, time.Since(began).Seconds(), costSettle)
 	select {
@@ -430,15 +444,17 @@ func costFindEtcd() int {
 func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*costGroup, error) {
 	switch name {
 	case costTransportReadyz:
-		return startCostTransport(ctx, e, n, endpoint.ProbeReadyz, 0)
+		return startCostTransport(ctx, e, n, endpoint.ProbeReadyz, false)
 	case costTransportHeld:
-		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, 0)
-	case costTransportHeld1s:
-		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, time.Second)
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, false)
+	case costTransportHeldConn:
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, true)
 	case costLocalProxyReadyz:
-		return startCostLocalProxies(ctx, e, dir, n, "readyz")
+		return startCostLocalProxies(ctx, e, dir, n, "readyz", false)
 	case costLocalProxyHeld:
-		return startCostLocalProxies(ctx, e, dir, n, "held")
+		return startCostLocalProxies(ctx, e, dir, n, "held", false)
+	case costLocalProxyConn:
+		return startCostLocalProxies(ctx, e, dir, n, "held", true)
 	case costHAProxyKubespray:
 		return startCostHAProxies(ctx, e, dir, n, false)
 	case costHAProxyInter1s:
@@ -449,9 +465,9 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*cost
 
 // startCostTransport builds n transport.Wrap clients of the origin with
 // the other apiservers as static endpoints, discovery off (its watch
-// would add to what is measured), probe mode, PINGs (ProbeHeld) every
-// ping (0: the default).
-func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, ping time.Duration) (*costGroup, error) {
+// would add to what is measured), probe mode; with conn, each sends one
+// GET /version and keeps its connection.
+func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, conn bool) (*costGroup, error) {
 	_, addrs := e.servers()
 	var fs []*transport.Failover
 	closeAll := func() {
@@ -461,7 +477,7 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 	}
 	for range n {
 		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Origin), transport.Options{
-			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode, ProbePingInterval: ping,
+			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode,
 		})
 		if err != nil {
 			closeAll()
@@ -469,7 +485,19 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 		}
 		fs = append(fs, f)
 	}
+	var connect func() error
+	if conn {
+		connect = func() error {
+			for _, f := range fs {
+				if _, err := costGet(f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
+					return fmt.Errorf("GET /version: %w", err)
+				}
+			}
+			return nil
+		}
+	}
 	return &costGroup{
+		connect: connect,
 		unhealthy: func() string {
 			var bad []string
 			for i, f := range fs {
@@ -520,15 +548,21 @@ func costSummary(bad []string) string {
 
 // startCostLocalProxies starts n localproxy processes with the bed's
 // apiservers as static endpoints, discovery off, --probe=mode, probes
-// authenticated with the localproxy identity's token.
-func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string) (*costGroup, error) {
+// authenticated with the localproxy identity's token; with conn, a
+// client-go HTTP client sends one GET /version through each and keeps
+// its connection.
+func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string, conn bool) (*costGroup, error) {
 	kubeconfig := filepath.Join(dir, "localproxy.kubeconfig")
 	if err := e.bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.LocalProxyIdentity); err != nil {
 		return nil, err
 	}
 	_, addrs := e.servers()
 	var procs []*proc
+	var clients []*http.Client
 	closeAll := func() {
+		for _, c := range clients {
+			c.CloseIdleConnections()
+		}
 		for _, p := range procs {
 			p.stop()
 		}
@@ -544,8 +578,27 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 		procs = append(procs, p)
 	}
 	client := http.Client{Timeout: time.Second}
+	var connect func() error
+	if conn {
+		connect = func() error {
+			for i := range procs {
+				cfg := e.bed.RESTConfig(testbed.LocalProxy)
+				cfg.Host = "https://127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
+				hc, err := rest.HTTPClientFor(cfg)
+				if err != nil {
+					return err
+				}
+				clients = append(clients, hc)
+				if _, err := costGet(hc, cfg.Host+"/version"); err != nil {
+					return fmt.Errorf("GET /version through localproxy %d: %w", i+1, err)
+				}
+			}
+			return nil
+		}
+	}
 	return &costGroup{
-		pids: func() []int { return costPids(procs) },
+		connect: connect,
+		pids:    func() []int { return costPids(procs) },
 		unhealthy: func() string {
 			var bad []string
 			for i := range procs {

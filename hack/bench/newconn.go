@@ -505,11 +505,17 @@ func runNewConnLoaded(ctx context.Context, e *env, names []string, cfg newConnCo
 			flaps[i] = watchFlaps(ctx, p.views)
 		}
 	}
-	say("  loaded: %d CPU burners, clients at %d/s through %s for %s", cfg.Burners, cfg.Rate, strings.Join(names, ", "), cfg.Loaded)
+	// A transport.Wrap client with default options beside them: its
+	// health view is its pool (held probes, as the localproxy's).
+	lt, err := startLoadedTransport(ctx, e, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("transport client: %w", err)
+	}
+	say("  loaded: %d CPU burners, clients at %d/s through %s and a transport.Wrap client for %s", cfg.Burners, cfg.Rate, strings.Join(names, ", "), cfg.Loaded)
 	clients := c.startClients(ctx, cfg)
 	t := time.Now()
 	oerr := c.observe(ctx, clients, t, cfg.Loaded, "loaded", say)
-	var rows []NewConnLoadedRow
+	rows := []NewConnLoadedRow{lt.stop()}
 	for i, cl := range clients {
 		res := cl.stop()
 		row := NewConnLoadedRow{Path: c.paths[i].name}
