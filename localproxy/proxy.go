@@ -82,6 +82,7 @@ func New(cfg Config) (*Proxy, error) {
 		DrainTimeout:  cfg.DrainTimeout,
 		GracefulDrain: GracefulDrainTimeout,
 		Logger:        cfg.Logger,
+		OnFirst:       p.Prober().Wake,
 	})
 	// Held probe connections to endpoints that carry client connections
 	// are PINGed often, the others seldom.

@@ -262,10 +262,7 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
 	ht := newHTTPTransport(tlsCfg.Clone(), endpoint.OrDefault(opts.PingInterval, DefaultPingInterval), endpoint.OrDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
-	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.GracefulDrainTimeout, opts.Logger, m)
-	// Held probe connections to endpoints that carry requests are PINGed
-	// often, the others seldom.
-	prober.InUse = func(addr string) bool { return f.conns.conns.Len(addr) > 0 }
+	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.GracefulDrainTimeout, opts.Logger, m, prober)
 	unsubscribe := f.pool.Subscribe(f.conns.onEvent)
 
 	maxAttempts := opts.MaxAttempts

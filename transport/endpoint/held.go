@@ -94,7 +94,7 @@ func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
 		if hc.eps == nil {
 			hc.eps = make(map[string]*heldEndpoint)
 		}
-		h = &heldEndpoint{addr: addr}
+		h = &heldEndpoint{addr: addr, wake: make(chan struct{}, 1)}
 		hc.eps[addr] = h
 	}
 	return h, nil
@@ -104,6 +104,8 @@ func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
 // any, and the reconnect backoff.
 type heldEndpoint struct {
 	addr string
+	// wake tells the PING loop that the endpoint may be in use now.
+	wake chan struct{}
 	// probing serializes the endpoint's probes.
 	probing sync.Mutex
 
@@ -494,6 +496,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 	}
 	if p.InUse != nil {
 		l.inUse = func() bool { return p.InUse(addr) }
+		l.wake = c.h.wake
 	}
 	l.rtt.Sample(c.connect)
 	p.Logger.V(2).Info("held connection opened", "addr", addr, "connect", c.connect)
@@ -532,7 +535,10 @@ type pingLoop struct {
 	// set) says the endpoint is not in use.
 	interval, idleInterval time.Duration
 	inUse                  func() bool
-	ping                   func(context.Context) error
+	// wake, if set, is signalled when the endpoint may have come into
+	// use: the loop asks inUse again at once.
+	wake <-chan struct{}
+	ping func(context.Context) error
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
 	lostErr func() error
@@ -555,28 +561,28 @@ type pingLoop struct {
 
 // run sends PINGs until one is not answered in time or the connection is
 // lost or the server sent GOAWAY (the failure to report is returned), or
-// ctx is done or stop says so (zero). It wakes every interval (±10%) after
-// the last answer and PINGs if the endpoint is in use, or if idleInterval
-// passed since the last PING. Each PING has two deadlines: the timeout of
-// rtt, past which it is reported late (see late), and a confirmation
+// ctx is done or stop says so (zero). While the endpoint is in use (or
+// with no inUse) a PING goes every interval (±10%) after the last answer,
+// otherwise every idleInterval; a wake while not in use asks inUse again
+// and PINGs at once if it now is. Each PING has two deadlines: the timeout
+// of rtt, past which it is reported late (see late), and a confirmation
 // timeout past which the connection counts as lost (see confirmTimeout).
 func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
-	t := time.NewTimer(spread(l.interval))
+	t := time.NewTimer(l.next())
 	defer t.Stop()
-	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return 0, nil
 		case <-l.lost:
 			return l.lostFailure()
+		case <-l.wake:
+			if !l.inUse() {
+				continue
+			}
+			t.Stop()
 		case <-t.C:
 		}
-		if l.inUse != nil && time.Since(last) < l.idleInterval-l.interval/2 && !l.inUse() {
-			t.Reset(spread(l.interval))
-			continue
-		}
-		last = time.Now()
 		f, err := l.pingOnce(ctx)
 		if f != 0 || err != nil || ctx.Err() != nil {
 			return f, err
@@ -588,8 +594,16 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 		if l.stop != nil && l.stop(now) {
 			return 0, nil
 		}
-		t.Reset(spread(l.interval))
+		t.Reset(l.next())
 	}
+}
+
+// next is the wait until the next PING.
+func (l *pingLoop) next() time.Duration {
+	if l.inUse != nil && !l.inUse() {
+		return spread(max(l.idleInterval, l.interval))
+	}
+	return spread(l.interval)
 }
 
 // pingOnce sends one PING and waits for its answer: past the timeout of

@@ -117,7 +117,9 @@ func TestPingLoopLateAnswer(t *testing.T) {
 }
 
 // An endpoint not in use is PINGed every IdleInterval, one in use every
-// Interval; the change takes effect within one Interval.
+// Interval; a wake when it comes into use PINGs at once and from then on
+// every Interval. Between idle PINGs the loop sleeps: it asks InUse only
+// when it wakes.
 func TestPingLoopInUse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var pings []time.Time
@@ -127,23 +129,49 @@ func TestPingLoopInUse(t *testing.T) {
 		}
 		start := time.Now()
 		var inUse atomic.Bool
-		time.AfterFunc(10*time.Second, func() { inUse.Store(true) })
+		var asked atomic.Int32
+		wake := make(chan struct{}, 1)
+		time.AfterFunc(10*time.Second+time.Millisecond, func() {
+			inUse.Store(true)
+			wake <- struct{}{}
+		})
 		ctx, cancel := context.WithTimeout(t.Context(), 12*time.Second)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
-			InUse: inUse.Load, Ping: ping,
+			InUse: func() bool { asked.Add(1); return inUse.Load() }, Wake: wake, Ping: ping,
 		})
 		idle, busy := 0, 0
 		for _, p := range pings {
-			if p.Sub(start) < 10*time.Second {
+			if p.Sub(start) < 10*time.Second+time.Millisecond {
 				idle++
 			} else {
 				busy++
 			}
 		}
 		assert.InDelta(t, 5, idle, 1, "idle: one PING per 2s over 10s")
-		assert.InDelta(t, 8, busy, 1, "in use: one PING per 250ms over 2s")
+		assert.InDelta(t, 9, busy, 1, "in use: one PING at once, then one per 250ms over 2s")
+		if assert.Greater(t, len(pings), idle) {
+			assert.Equal(t, 10*time.Second+time.Millisecond, pings[idle].Sub(start), "the wake PINGs at once")
+		}
+		assert.Less(t, int(asked.Load()), 3*idle+3*busy, "no ticking in between")
+	})
+}
+
+// A wake of an endpoint still not in use changes nothing.
+func TestPingLoopWakeNotInUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		ping := func(ctx context.Context) error { n++; return nil }
+		wake := make(chan struct{}, 1)
+		time.AfterFunc(time.Second, func() { wake <- struct{}{} })
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
+			InUse: func() bool { return false }, Wake: wake, Ping: ping,
+		})
+		assert.Equal(t, 1, n, "one idle PING in 3s")
 	})
 }
 

@@ -53,6 +53,10 @@ type RegistryConfig struct {
 	DrainRecheck time.Duration
 	// Logger receives a line per endpoint closed, drained or undrained.
 	Logger logr.Logger
+	// OnFirst, if set, is called (without the registry's lock) when an
+	// endpoint gets a connection while it had none, e.g. Prober.Wake, so
+	// that its held probe connection is PINGed as one in use at once.
+	OnFirst func(addr string)
 }
 
 // Registry is a front end's one registry of connections by endpoint, and
@@ -148,11 +152,16 @@ func (r *Registry[C]) End() {
 // since, or the registry is closed: the caller closes c.
 func (r *Registry[C]) Add(addr string, c C, began uint64) bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed || r.goneAt[addr] > began {
+		r.mu.Unlock()
 		return false
 	}
 	r.conns[addr] = append(r.conns[addr], c)
+	first := len(r.conns[addr]) == 1
+	r.mu.Unlock()
+	if first && r.cfg.OnFirst != nil {
+		r.cfg.OnFirst(addr)
+	}
 	return true
 }
 

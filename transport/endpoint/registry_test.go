@@ -246,3 +246,19 @@ func TestRegistryStopDrainsAndClose(t *testing.T) {
 		assert.False(t, b.r.Add(a, &fakeConn{}, mark), "added after Close")
 	})
 }
+
+// OnFirst is told when an endpoint gets a connection while it had none,
+// not for its later ones, and again once it had none for a while.
+func TestRegistryOnFirst(t *testing.T) {
+	var firsts []string
+	b := newRegistryBed(endpoint.RegistryConfig{OnFirst: func(addr string) { firsts = append(firsts, addr) }})
+	c1 := b.add(t, a, false)
+	b.add(t, a, false)
+	b.add(t, other, false)
+	assert.Equal(t, []string{a, other}, firsts)
+	b.r.Remove(other, b.r.Conns(other)[0])
+	b.add(t, other, false)
+	b.r.Remove(a, c1)
+	b.add(t, a, false)
+	assert.Equal(t, []string{a, other, other}, firsts)
+}
