@@ -90,10 +90,12 @@ const (
 
 // costConfig are the cost measurement's settings.
 type costConfig struct {
-	Clients int           `json:"clients"`
-	Window  time.Duration `json:"-"`
-	WindowS float64       `json:"window_s"`
-	SettleS float64       `json:"settle_s"`
+	// Contenders to measure, in costContenders' order.
+	Contenders []string      `json:"contenders"`
+	Clients    int           `json:"clients"`
+	Window     time.Duration `json:"-"`
+	WindowS    float64       `json:"window_s"`
+	SettleS    float64       `json:"settle_s"`
 }
 
 // CostResults is the health cost at rest in results.json.
@@ -167,7 +169,7 @@ type costGroup struct {
 func runCost(ctx context.Context, e *env, cfg costConfig, say func(string, ...any)) (*CostResults, []string) {
 	cfg.WindowS, cfg.SettleS = cfg.Window.Seconds(), costSettle.Seconds()
 	res := &CostResults{Config: cfg, Contenders: make(map[string]string)}
-	for _, c := range append(slices.Clone(costContenders), costNone) {
+	for _, c := range append(slices.Clone(cfg.Contenders), costNone) {
 		res.Contenders[c] = costDescriptions[c]
 	}
 	var failures []string
@@ -194,7 +196,7 @@ func runCost(ctx context.Context, e *env, cfg costConfig, say func(string, ...an
 	}
 	var samples []CostSample
 	var errs, unhealthies []string
-	for _, name := range costContenders {
+	for _, name := range cfg.Contenders {
 		if ctx.Err() != nil {
 			break
 		}
@@ -475,7 +477,12 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 			f.Close()
 		}
 	}
-	for range n {
+	spreadStart := time.Now()
+	for i := range n {
+		if err := costStagger(ctx, spreadStart, i, n); err != nil {
+			closeAll()
+			return nil, err
+		}
 		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Origin), transport.Options{
 			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode,
 		})
@@ -508,6 +515,25 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 		exited: func() string { return "" },
 		close:  closeAll,
 	}, nil
+}
+
+// costSpread is how long starting a contender's clients takes: client i
+// starts i × costSpread / n after the first, so that their probes, PINGs
+// and checks fall at unrelated moments, as those of a fleet's nodes do,
+// rather than all at once (a burst costs a server less than as many
+// events spread out: it wakes once for them). The readyz interval of the
+// held probes, the longest period among the contenders' but HAProxy
+// kubespray's.
+const costSpread = endpoint.DefaultReadyzInterval
+
+// costStagger waits until client i of n may start (see costSpread).
+func costStagger(ctx context.Context, start time.Time, i, n int) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(start.Add(time.Duration(i) * costSpread / time.Duration(n)))):
+		return nil
+	}
 }
 
 // costUnhealthy lists the addrs client i does not count healthy, with the
@@ -567,7 +593,12 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 			p.stop()
 		}
 	}
+	spreadStart := time.Now()
 	for i := range n {
+		if err := costStagger(ctx, spreadStart, i, n); err != nil {
+			closeAll()
+			return nil, err
+		}
 		listen := "127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
 		p, err := startProc(ctx, fmt.Sprintf("localproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("localproxy-%d.log", i+1)), listen, e.localproxyBin,
 			costLocalProxyArgs(addrs, e.bed.CAFile(), e.bed.OriginName(), kubeconfig, i, mode)...)
@@ -700,7 +731,12 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s 
 			p.stop()
 		}
 	}
+	spreadStart := time.Now()
 	for i := range n {
+		if err := costStagger(ctx, spreadStart, i, n); err != nil {
+			closeAll()
+			return nil, err
+		}
 		listen := "127.0.0.1:" + strconv.Itoa(costHAProxyPortBase+i)
 		sock := filepath.Join(dir, fmt.Sprintf("haproxy-%d.sock", i+1))
 		cfg := haproxyConfig(listen, names, addrs, sock, 0)
@@ -751,7 +787,7 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s 
 func (c *CostResults) markdown(w func(string, ...any)) {
 	w("### Health cost at rest")
 	w("")
-	w("Each contender runs alone in turn: %d idle clients (no requests, only their health checks) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
+	w("Each contender runs alone in turn: %d idle clients (no requests, only their health checks; started "+costSpread.String()+" apart in all, so that their checks fall at unrelated moments as a fleet's do) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
 		c.Config.Clients, c.Config.WindowS, c.Config.SettleS)
 	w("")
 	if c.Error != "" {

@@ -78,22 +78,23 @@ import (
 
 // options are the command's flags.
 type options struct {
-	paths, faults string
-	skipOverhead  bool
-	skipFailover  bool
-	skipNewConn   bool
-	newConnOnly   bool
-	skipDatapath  bool
-	datapathOnly  bool
-	idleConns     string
-	skipCost      bool
-	costOnly      bool
-	cost          costConfig
-	overhead      overheadConfig
-	newConn       newConnConfig
-	datapath      datapathConfig
-	window        time.Duration
-	out           string
+	paths, faults  string
+	costContenders string
+	skipOverhead   bool
+	skipFailover   bool
+	skipNewConn    bool
+	newConnOnly    bool
+	skipDatapath   bool
+	datapathOnly   bool
+	idleConns      string
+	skipCost       bool
+	costOnly       bool
+	cost           costConfig
+	overhead       overheadConfig
+	newConn        newConnConfig
+	datapath       datapathConfig
+	window         time.Duration
+	out            string
 }
 
 func main() {
@@ -130,6 +131,7 @@ func main() {
 	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest")
 	flag.IntVar(&o.cost.Clients, "cost-clients", 20, "idle clients of each contender of the health cost at rest")
 	flag.DurationVar(&o.cost.Window, "cost-window", 30*time.Second, "how long the health cost at rest of each contender is measured")
+	flag.StringVar(&o.costContenders, "cost-contenders", strings.Join(costContenders, ","), "comma-separated contenders of the health cost at rest")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -208,6 +210,16 @@ func (o *options) validate() error {
 	}
 	if o.cost.Clients < 1 || o.cost.Clients > costMaxClients || o.cost.Window < time.Second {
 		return fmt.Errorf("-cost-clients from 1 to %d, -cost-window at least 1s", costMaxClients)
+	}
+	o.cost.Contenders = nil
+	for _, c := range splitList(o.costContenders) {
+		if !slices.Contains(costContenders, c) {
+			return fmt.Errorf("-cost-contenders: unknown contender %q (allowed: %s)", c, strings.Join(costContenders, ", "))
+		}
+		o.cost.Contenders = append(o.cost.Contenders, c)
+	}
+	if len(o.cost.Contenders) == 0 {
+		return errors.New("-cost-contenders: want at least one")
 	}
 	n := o.newConn
 	if n.Rate < 1 || n.Timeout <= 0 || n.Window < newConnTail || n.Loaded < 0 || n.Burners < 0 {
