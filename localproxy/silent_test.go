@@ -63,6 +63,10 @@ func TestNewConnectionsAvoidUpstreamWithConnWaiting(t *testing.T) {
 		Pool:      upstream.Config{Prober: newProber(), Interval: time.Hour},
 		// Silence is not what this test is about.
 		FirstByteTimeout: time.Hour,
+		// Nor the dial race: on a loaded machine a connect to the other
+		// upstream slower than the stagger delay would race one to the
+		// frozen upstream, whose kernel accepts at once.
+		StaggerDelay: time.Minute,
 	})
 	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
 	first := r.Pool().Candidates()[0]
