@@ -39,6 +39,7 @@ const (
 	costLocalProxyReadyz  = "localproxy-readyz"
 	costLocalProxyHeld    = "localproxy-held"
 	costLocalProxyConn    = "localproxy-held-conn"
+	costLocalProxyConn1s  = "localproxy-held-conn-ping-1s"
 	costHAProxyKubespray  = "haproxy-kubespray"
 	costHAProxyInter1s    = "haproxy-inter-1s"
 	costNone              = "none"
@@ -51,7 +52,7 @@ const (
 // 250ms.
 var costContenders = []string{
 	costTransportReadyz, costTransportHeld, costTransportHeldConn,
-	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn,
+	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn, costLocalProxyConn1s,
 	costHAProxyKubespray, costHAProxyInter1s,
 }
 
@@ -63,6 +64,7 @@ var costDescriptions = map[string]string{
 	costLocalProxyReadyz:  "localproxy processes, --probe=readyz",
 	costLocalProxyHeld:    "localproxy processes, --probe=held (the default)",
 	costLocalProxyConn:    "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
+	costLocalProxyConn1s:  "as localproxy-held-conn with --probe-ping-interval=1s (not a default: what a slower PING costs)",
 	costHAProxyKubespray:  "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
 	costHAProxyInter1s:    "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
 	costNone:              "no client: the apiservers at rest",
@@ -457,6 +459,8 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*cost
 		return startCostLocalProxies(ctx, e, dir, n, "held", false)
 	case costLocalProxyConn:
 		return startCostLocalProxies(ctx, e, dir, n, "held", true)
+	case costLocalProxyConn1s:
+		return startCostLocalProxies(ctx, e, dir, n, "held", true, "--probe-ping-interval=1s")
 	case costHAProxyKubespray:
 		return startCostHAProxies(ctx, e, dir, n, false)
 	case costHAProxyInter1s:
@@ -576,8 +580,8 @@ func costSummary(bad []string) string {
 // apiservers as static endpoints, discovery off, --probe=mode, probes
 // authenticated with the localproxy identity's token; with conn, a
 // client-go HTTP client sends one GET /version through each and keeps
-// its connection.
-func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string, conn bool) (*costGroup, error) {
+// its connection; extra are more flags for each.
+func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string, conn bool, extra ...string) (*costGroup, error) {
 	kubeconfig := filepath.Join(dir, "localproxy.kubeconfig")
 	if err := e.bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.LocalProxyIdentity); err != nil {
 		return nil, err
@@ -601,7 +605,7 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 		}
 		listen := "127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
 		p, err := startProc(ctx, fmt.Sprintf("localproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("localproxy-%d.log", i+1)), listen, e.localproxyBin,
-			costLocalProxyArgs(addrs, e.bed.CAFile(), e.bed.OriginName(), kubeconfig, i, mode)...)
+			append(costLocalProxyArgs(addrs, e.bed.CAFile(), e.bed.OriginName(), kubeconfig, i, mode), extra...)...)
 		if err != nil {
 			closeAll()
 			return nil, err
