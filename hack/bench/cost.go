@@ -481,20 +481,18 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 			f.Close()
 		}
 	}
-	spreadStart := time.Now()
-	for i := range n {
-		if err := costStagger(ctx, spreadStart, i, n); err != nil {
-			closeAll()
-			return nil, err
-		}
+	err := costStartEach(ctx, n, func(int) error {
 		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Origin), transport.Options{
 			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode,
 		})
-		if err != nil {
-			closeAll()
-			return nil, err
+		if err == nil {
+			fs = append(fs, f)
 		}
-		fs = append(fs, f)
+		return err
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	var connect func() error
 	if conn {
@@ -530,14 +528,22 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 // kubespray's.
 const costSpread = endpoint.DefaultReadyzInterval
 
-// costStagger waits until client i of n may start (see costSpread).
-func costStagger(ctx context.Context, start time.Time, i, n int) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(time.Until(start.Add(time.Duration(i) * costSpread / time.Duration(n)))):
-		return nil
+// costStartEach calls start for clients 0 to n-1, client i at i ×
+// costSpread / n after the first (see costSpread), and stops at the first
+// error, or when ctx is done.
+func costStartEach(ctx context.Context, n int, start func(i int) error) error {
+	began := time.Now()
+	for i := range n {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Until(began.Add(time.Duration(i) * costSpread / time.Duration(n)))):
+		}
+		if err := start(i); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // costUnhealthy lists the addrs client i does not count healthy, with the
@@ -597,20 +603,18 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 			p.stop()
 		}
 	}
-	spreadStart := time.Now()
-	for i := range n {
-		if err := costStagger(ctx, spreadStart, i, n); err != nil {
-			closeAll()
-			return nil, err
-		}
+	err := costStartEach(ctx, n, func(i int) error {
 		listen := "127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
 		p, err := startProc(ctx, fmt.Sprintf("localproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("localproxy-%d.log", i+1)), listen, e.localproxyBin,
 			append(costLocalProxyArgs(addrs, e.bed.CAFile(), e.bed.OriginName(), kubeconfig, i, mode), extra...)...)
-		if err != nil {
-			closeAll()
-			return nil, err
+		if err == nil {
+			procs = append(procs, p)
 		}
-		procs = append(procs, p)
+		return err
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	client := http.Client{Timeout: time.Second}
 	var connect func() error
@@ -735,34 +739,31 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s 
 			p.stop()
 		}
 	}
-	spreadStart := time.Now()
-	for i := range n {
-		if err := costStagger(ctx, spreadStart, i, n); err != nil {
-			closeAll()
-			return nil, err
-		}
+	err := costStartEach(ctx, n, func(i int) error {
 		listen := "127.0.0.1:" + strconv.Itoa(costHAProxyPortBase+i)
 		sock := filepath.Join(dir, fmt.Sprintf("haproxy-%d.sock", i+1))
 		cfg := haproxyConfig(listen, names, addrs, sock, 0)
 		if inter1s {
 			var err error
 			if cfg, err = costInter1sConfig(cfg); err != nil {
-				closeAll()
-				return nil, err
+				return err
 			}
 		}
 		cfgPath := filepath.Join(dir, fmt.Sprintf("haproxy-%d.cfg", i+1))
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-			closeAll()
-			return nil, err
+			return err
 		}
 		p, err := startProc(ctx, fmt.Sprintf("haproxy-%d", i+1), filepath.Join(dir, fmt.Sprintf("haproxy-%d.log", i+1)), listen, "haproxy", "-db", "-f", cfgPath)
 		if err != nil {
-			closeAll()
-			return nil, err
+			return err
 		}
 		procs = append(procs, p)
 		socks = append(socks, sock)
+		return nil
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	return &costGroup{
 		pids: func() []int { return costPids(procs) },

@@ -44,12 +44,12 @@
 // -datapath-only runs just this.
 //
 // Health cost at rest: -cost-clients idle clients of one kind at a time
-// (transport.Wrap and localproxy, probing readyz and held; HAProxy as
-// kubespray configures it and checking every second; transport.Wrap held
-// with a PING every second, for the PINGs' share) against the three
-// apiservers, for -cost-window; the apiservers' CPU time per client per
-// second, their own at rest taken off, and the clients' own. -cost-only
-// runs just this.
+// (-cost-contenders: transport.Wrap and localproxy, probing readyz and
+// held, held also with one client connection open; HAProxy as kubespray
+// configures it and checking every second) against the three apiservers,
+// for -cost-window; the apiservers' CPU time per client per second, their
+// own at rest taken off, and the clients' own. -cost-only runs just
+// this.
 //
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to

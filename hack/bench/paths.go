@@ -111,7 +111,8 @@ type endpointView struct {
 	// Suspect: healthy, but the last check failed (localproxy: suspect;
 	// HAProxy: "UP 1/2", on its way down).
 	Suspect bool
-	// Preferred: new connections go there first (localproxy only).
+	// Preferred: new connections go there first (localproxy and the
+	// transport).
 	Preferred bool
 }
 
@@ -292,13 +293,18 @@ func startTransport(ctx context.Context, e *env) (*clientPath, error) {
 		}
 		return out
 	}
+	views := func() (map[string]endpointView, error) {
+		out := make(map[string]endpointView)
+		for addr, s := range state() {
+			out[addr] = endpointView{Down: s.State != upstream.StateHealthy, Suspect: s.Suspect, Preferred: s.Preferred}
+		}
+		return out, nil
+	}
 	return &clientPath{
 		name: pathTransport, config: f.Config(), httpClient: f.HTTPClient(),
 		serving: workload.FailoverServing(f),
-		down: func(addr string) (bool, bool) {
-			s, ok := state()[addr]
-			return !ok || s.State != upstream.StateHealthy, true
-		},
+		views:   views,
+		down:    downVia(views, true), // missing: left the pool
 		settled: func() bool {
 			st := state()
 			for _, a := range addrs {

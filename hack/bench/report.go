@@ -186,7 +186,7 @@ func (n *NewConnResults) markdown(w func(string, ...any)) {
 		w("")
 	}
 	if len(n.Loaded) > 0 || n.Error != "" {
-		w("No fault, %.0fs, while %d processes burn the CPUs: the same clients, and a transport.Wrap client with default options sending the same GETs over its own connections. \"downs\", \"suspects\": times the contender's health view counted an apiserver down, or suspect (transport: its pool's EventDown, and Status suspect read every %s; localproxy: /status state not healthy, suspect; HAProxy: not UP, \"UP 1/2\"; read every %s); nginx has no health view.", c.LoadedS, c.Burners, viewPoll, viewPoll)
+		w("No fault, %.0fs, while %d processes burn the CPUs: the same clients, and a transport.Wrap client with default options sending the same GETs over its own connections. \"downs\", \"suspects\": times the contender's health view counted an apiserver down, or suspect (transport: its pool's Status state not healthy, suspect; localproxy: /status state not healthy, suspect; HAProxy: not UP, \"UP 1/2\"), read every %s; nginx has no health view.", c.LoadedS, c.Burners, viewPoll)
 		w("")
 		if n.Error != "" {
 			w("Error: %s", n.Error)
