@@ -82,13 +82,8 @@ func New(cfg Config) (*Proxy, error) {
 		DrainTimeout:  cfg.DrainTimeout,
 		GracefulDrain: GracefulDrainTimeout,
 		Logger:        cfg.Logger,
-		OnFirst:       p.Prober().Wake,
+		Prober:        p.Prober(),
 	})
-	// Held probe connections to endpoints that carry client connections
-	// are PINGed often, the others seldom.
-	if pr := p.Prober(); pr != nil {
-		pr.InUse = func(addr string) bool { return p.upstreams.Len(addr) > 0 }
-	}
 	// setDefaults validated the endpoints, so Set cannot fail.
 	specs := make([]upstream.Spec, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {

@@ -93,7 +93,7 @@ type dialPlan struct {
 // newConnPool returns the connection pool; gracefulDrain bounds the drain
 // of a server that fails /readyz but still answers (see endpoint.Registry).
 // prober's held probe connections follow which endpoints carry
-// connections (Prober.InUse, Prober.Wake).
+// connections (see RegistryConfig.Prober).
 func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t *http.Transport, origin string, gracefulDrain time.Duration, log logr.Logger, m *metrics, prober *endpoint.Prober) *connPool {
 	p := &connPool{
 		pool:    pool,
@@ -109,11 +109,8 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t
 		Healthy:       pool.Healthy,
 		GracefulDrain: gracefulDrain,
 		Logger:        log,
-		OnFirst:       prober.Wake,
+		Prober:        prober,
 	})
-	// Held probe connections to endpoints that carry requests are PINGed
-	// often, the others seldom.
-	prober.InUse = func(addr string) bool { return p.conns.Len(addr) > 0 }
 	t.DialTLSContext = p.dialTLS
 	return p
 }

@@ -51,8 +51,9 @@ type Options struct {
 	// otherwise), GET /readyz over it every ProbeReadyzInterval. One TLS
 	// handshake per endpoint instead of one per probe, a server that stops
 	// answering is down within about half a second, and the servers spend
-	// a tenth of the CPU on health checks. endpoint.ProbeReadyz is the
-	// former default: a new TLS connection and GET /readyz per probe.
+	// about an eighth of ProbeReadyz's CPU on an idle client's checks (a
+	// third with a connection open; README, Benchmarks). endpoint.ProbeReadyz
+	// is the former default: a new TLS connection and GET /readyz per probe.
 	Probe endpoint.ProbeMode
 	// ProbePingInterval is how often endpoint.ProbeHeld PINGs the held
 	// connection of an endpoint that requests use. If zero,

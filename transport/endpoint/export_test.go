@@ -48,3 +48,19 @@ func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, er
 // ConfirmTimeout is how long a PING with the given timeout may go
 // unanswered before the connection counts as lost.
 func ConfirmTimeout(timeout time.Duration) time.Duration { return confirmTimeout(timeout) }
+
+// Woken reports whether addr's held channel of p was woken (Prober.Wake)
+// since the last call, and takes the wake; the first call makes the
+// channel.
+func Woken(p *Prober, addr string) bool {
+	h, err := p.held.get(addr)
+	if err != nil {
+		return false
+	}
+	select {
+	case <-h.wake:
+		return true
+	default:
+		return false
+	}
+}

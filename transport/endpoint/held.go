@@ -503,7 +503,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 	f, err := l.run(c.ctx)
 	closedByProber := c.ctx.Err() != nil
 	c.close()
-	p.Logger.V(2).Info("held connection closed", "addr", addr, "byProber", closedByProber, "failure", f.String(), "err", errString(err))
+	p.Logger.V(2).Info("held connection closed", "addr", addr, "byProber", closedByProber, "failure", f.String(), "err", err)
 	if f == upstream.FailureGoAway && p.Credentials() == "none" {
 		// kube-apiserver closes HTTP/2 connections after an anonymous
 		// request (UnauthenticatedHTTP2DOSMitigation, on by default
@@ -710,6 +710,26 @@ func (p *Prober) Forget(addr string) {
 	}
 }
 
+// Wake tells the held connection of addr (ProbeHeld), if any, that addr
+// may have come into use (see InUse), so that its PINGs go every
+// PingInterval from now on rather than from its next idle PING. It does
+// not block, and does nothing on a nil Prober.
+func (p *Prober) Wake(addr string) {
+	if p == nil {
+		return
+	}
+	p.held.mu.Lock()
+	h := p.held.eps[addr]
+	p.held.mu.Unlock()
+	if h == nil {
+		return
+	}
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Close closes the held connections (ProbeHeld) and waits for their
 // goroutines; later ProbeHeld probes fail with ErrProberClosed. Call it
 // once the pool's Run has returned; not from a pool subscriber. It does
@@ -728,12 +748,4 @@ func (p *Prober) Close() {
 		h.forget()
 	}
 	p.held.wg.Wait()
-}
-
-// errString is err's message, "" for nil.
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }

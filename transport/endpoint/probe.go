@@ -280,26 +280,6 @@ func (p *Prober) Probe(ctx context.Context, addr string) error {
 	return err
 }
 
-// Wake tells the held connection of addr (ProbeHeld), if any, that addr
-// may have come into use (see InUse), so that its PINGs go every
-// PingInterval from now on rather than from its next idle PING. It does
-// not block, and does nothing on a nil Prober.
-func (p *Prober) Wake(addr string) {
-	if p == nil {
-		return
-	}
-	p.held.mu.Lock()
-	h := p.held.eps[addr]
-	p.held.mu.Unlock()
-	if h == nil {
-		return
-	}
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
-}
-
 // ProbeRTT is Probe, with the round trip to addr when the probe knows it
 // better than by its own duration: the smoothed PING round trip of a held
 // connection (ProbeHeld). Zero otherwise: the pool then times the probe.

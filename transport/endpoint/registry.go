@@ -53,10 +53,12 @@ type RegistryConfig struct {
 	DrainRecheck time.Duration
 	// Logger receives a line per endpoint closed, drained or undrained.
 	Logger logr.Logger
-	// OnFirst, if set, is called (without the registry's lock) when an
-	// endpoint gets a connection while it had none, e.g. Prober.Wake, so
-	// that its held probe connection is PINGed as one in use at once.
-	OnFirst func(addr string)
+	// Prober, if set, has its held probe connections follow the
+	// registry: an endpoint with connections is in use (NewRegistry sets
+	// Prober.InUse), and one that gets a connection while it had none is
+	// woken (Prober.Wake, called without the registry's lock), so that
+	// its held connection is PINGed as one in use at once.
+	Prober *Prober
 }
 
 // Registry is a front end's one registry of connections by endpoint, and
@@ -113,19 +115,24 @@ func (dr *drain[C]) stop() {
 	}
 }
 
-// NewRegistry returns an empty registry.
+// NewRegistry returns an empty registry. Create it before cfg.Prober's
+// first probe: it sets the Prober's InUse.
 func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 	cfg.GracefulDrain = OrDefault(cfg.GracefulDrain, DefaultGracefulDrain)
 	cfg.DrainRecheck = OrDefault(cfg.DrainRecheck, DefaultDrainRecheck)
 	if cfg.Healthy == nil {
 		cfg.Healthy = func() bool { return true }
 	}
-	return &Registry[C]{
+	r := &Registry[C]{
 		cfg:    cfg,
 		conns:  make(map[string][]C),
 		drains: make(map[string]*drain[C]),
 		goneAt: make(map[string]uint64),
 	}
+	if cfg.Prober != nil {
+		cfg.Prober.InUse = func(addr string) bool { return r.Len(addr) > 0 }
+	}
+	return r
 }
 
 // Begin is called before a dial picks its candidates; it returns the mark
@@ -159,8 +166,8 @@ func (r *Registry[C]) Add(addr string, c C, began uint64) bool {
 	r.conns[addr] = append(r.conns[addr], c)
 	first := len(r.conns[addr]) == 1
 	r.mu.Unlock()
-	if first && r.cfg.OnFirst != nil {
-		r.cfg.OnFirst(addr)
+	if first {
+		r.cfg.Prober.Wake(addr)
 	}
 	return true
 }

@@ -247,18 +247,29 @@ func TestRegistryStopDrainsAndClose(t *testing.T) {
 	})
 }
 
-// OnFirst is told when an endpoint gets a connection while it had none,
-// not for its later ones, and again once it had none for a while.
-func TestRegistryOnFirst(t *testing.T) {
-	var firsts []string
-	b := newRegistryBed(endpoint.RegistryConfig{OnFirst: func(addr string) { firsts = append(firsts, addr) }})
+// A registry's Prober follows it: an endpoint with connections is in use,
+// and one that gets a connection while it had none is woken, not for its
+// later ones, and again once it had none for a while.
+func TestRegistryProber(t *testing.T) {
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	b := newRegistryBed(endpoint.RegistryConfig{Prober: p})
+	for _, addr := range []string{a, other} {
+		assert.False(t, endpoint.Woken(p, addr)) // makes the channel
+		assert.False(t, p.InUse(addr))
+	}
 	c1 := b.add(t, a, false)
+	assert.True(t, endpoint.Woken(p, a))
+	assert.True(t, p.InUse(a))
 	b.add(t, a, false)
-	b.add(t, other, false)
-	assert.Equal(t, []string{a, other}, firsts)
-	b.r.Remove(other, b.r.Conns(other)[0])
-	b.add(t, other, false)
+	assert.False(t, endpoint.Woken(p, a), "not for a second connection")
+	assert.False(t, p.InUse(other))
+
 	b.r.Remove(a, c1)
+	assert.True(t, p.InUse(a))
+	b.r.Remove(a, b.r.Conns(a)[0])
+	assert.False(t, p.InUse(a))
 	b.add(t, a, false)
-	assert.Equal(t, []string{a, other, other}, firsts)
+	assert.True(t, endpoint.Woken(p, a), "again after it had none")
 }
