@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/rest"
-
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
@@ -41,7 +39,9 @@ const (
 	costLocalProxyConn    = "localproxy-held-conn"
 	costLocalProxyConn1s  = "localproxy-held-conn-ping-1s"
 	costHAProxyKubespray  = "haproxy-kubespray"
+	costHAProxyConn       = "haproxy-kubespray-conn"
 	costHAProxyInter1s    = "haproxy-inter-1s"
+	costDirectConn        = "direct-conn"
 	costNone              = "none"
 )
 
@@ -53,7 +53,7 @@ const (
 var costContenders = []string{
 	costTransportReadyz, costTransportHeld, costTransportHeldConn,
 	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn, costLocalProxyConn1s,
-	costHAProxyKubespray, costHAProxyInter1s,
+	costHAProxyKubespray, costHAProxyConn, costHAProxyInter1s, costDirectConn,
 }
 
 // costDescriptions for the report.
@@ -66,7 +66,9 @@ var costDescriptions = map[string]string{
 	costLocalProxyConn:    "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
 	costLocalProxyConn1s:  "as localproxy-held-conn with --probe-ping-interval=1s (not a default: what a slower PING costs)",
 	costHAProxyKubespray:  "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
+	costHAProxyConn:       "as haproxy-kubespray, each with one idle client-go connection through it (one GET /version first)",
 	costHAProxyInter1s:    "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
+	costDirectConn:        "no health check at all: one idle client-go connection (one GET /version first) per client straight to the first apiserver, from the bench process: what the connection itself costs, on every path",
 	costNone:              "no client: the apiservers at rest",
 }
 
@@ -296,7 +298,7 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 }
 
 func costInProcess(contender string) bool {
-	return strings.HasPrefix(contender, "transport-")
+	return strings.HasPrefix(contender, "transport-") || contender == costDirectConn
 }
 
 // costContender starts contender name's clients, waits until every one
@@ -462,9 +464,13 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*cost
 	case costLocalProxyConn1s:
 		return startCostLocalProxies(ctx, e, dir, n, "held", true, "--probe-ping-interval=1s")
 	case costHAProxyKubespray:
-		return startCostHAProxies(ctx, e, dir, n, false)
+		return startCostHAProxies(ctx, e, dir, n, false, false)
+	case costHAProxyConn:
+		return startCostHAProxies(ctx, e, dir, n, false, true)
 	case costHAProxyInter1s:
-		return startCostHAProxies(ctx, e, dir, n, true)
+		return startCostHAProxies(ctx, e, dir, n, true, false)
+	case costDirectConn:
+		return startCostDirect(e, n)
 	}
 	return nil, fmt.Errorf("unknown contender %q", name)
 }
@@ -594,11 +600,9 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 	}
 	_, addrs := e.servers()
 	var procs []*proc
-	var clients []*http.Client
+	var conns costConns
 	closeAll := func() {
-		for _, c := range clients {
-			c.CloseIdleConnections()
-		}
+		conns.close()
 		for _, p := range procs {
 			p.stop()
 		}
@@ -620,19 +624,11 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 	var connect func() error
 	if conn {
 		connect = func() error {
+			var hosts []string
 			for i := range procs {
-				cfg := e.bed.RESTConfig(testbed.LocalProxy)
-				cfg.Host = "https://127.0.0.1:" + strconv.Itoa(costLocalProxyPortBase+i)
-				hc, err := rest.HTTPClientFor(cfg)
-				if err != nil {
-					return err
-				}
-				clients = append(clients, hc)
-				if _, err := costGet(hc, cfg.Host+"/version"); err != nil {
-					return fmt.Errorf("GET /version through localproxy %d: %w", i+1, err)
-				}
+				hosts = append(hosts, "https://127.0.0.1:"+strconv.Itoa(costLocalProxyPortBase+i))
 			}
-			return nil
+			return conns.open(e, hosts)
 		}
 	}
 	return &costGroup{
@@ -729,12 +725,16 @@ func costInter1sConfig(cfg string) (string, error) {
 }
 
 // startCostHAProxies starts n HAProxy processes with kubespray's
-// configuration (inter1s: checking every second) on ports of their own.
-func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s bool) (*costGroup, error) {
+// configuration (inter1s: checking every second) on ports of their own;
+// with conn, a client-go HTTP client sends one GET /version through each
+// and keeps its connection.
+func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s, conn bool) (*costGroup, error) {
 	names, addrs := e.servers()
 	var procs []*proc
 	var socks []string
+	var conns costConns
 	closeAll := func() {
+		conns.close()
 		for _, p := range procs {
 			p.stop()
 		}
@@ -765,8 +765,19 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s 
 		closeAll()
 		return nil, err
 	}
+	var connect func() error
+	if conn {
+		connect = func() error {
+			var hosts []string
+			for i := range procs {
+				hosts = append(hosts, "https://127.0.0.1:"+strconv.Itoa(costHAProxyPortBase+i))
+			}
+			return conns.open(e, hosts)
+		}
+	}
 	return &costGroup{
-		pids: func() []int { return costPids(procs) },
+		connect: connect,
+		pids:    func() []int { return costPids(procs) },
 		unhealthy: func() string {
 			var bad []string
 			for i, sock := range socks {
@@ -785,6 +796,53 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s 
 		},
 		exited: func() string { return costExited(procs) },
 		close:  closeAll,
+	}, nil
+}
+
+// costConns are idle client connections, one per host, each of its own
+// client-go HTTP client (client-go's defaults), opened with one GET
+// /version and then left open, as a kubelet's or a controller's watch
+// keeps one.
+type costConns struct{ clients []*http.Client }
+
+// open opens a connection to each of hosts.
+func (c *costConns) open(e *env, hosts []string) error {
+	for _, h := range hosts {
+		_, hc, _, err := clientGo(e, h)
+		if err != nil {
+			return err
+		}
+		c.clients = append(c.clients, hc)
+		if _, err := costGet(hc, h+"/version"); err != nil {
+			return fmt.Errorf("GET %s/version: %w", h, err)
+		}
+	}
+	return nil
+}
+
+func (c *costConns) close() {
+	for _, hc := range c.clients {
+		hc.CloseIdleConnections()
+	}
+}
+
+// startCostDirect is n idle client connections straight to the first
+// apiserver and no health check: what the -conn contenders' connection
+// costs by itself.
+func startCostDirect(e *env, n int) (*costGroup, error) {
+	first := e.bed.APIServers()[0].URL()
+	var conns costConns
+	return &costGroup{
+		connect: func() error {
+			hosts := make([]string, n)
+			for i := range hosts {
+				hosts[i] = first
+			}
+			return conns.open(e, hosts)
+		},
+		unhealthy: func() string { return "" },
+		exited:    func() string { return "" },
+		close:     conns.close,
 	}, nil
 }
 
