@@ -64,7 +64,13 @@ type Options struct {
 	// server that starts a graceful shutdown stops getting new requests,
 	// when its shutdown delay is longer (a shorter one ends with a GOAWAY,
 	// which moves them). If zero, endpoint.DefaultReadyzInterval (10s).
+	// It applies to the endpoints requests use.
 	ProbeReadyzInterval time.Duration
+	// ProbeIdleReadyzInterval is the same for the endpoints no request
+	// uses; one that comes into use is asked at once if its last answer is
+	// older than ProbeReadyzInterval. If zero, 3 × ProbeReadyzInterval
+	// (30s by default).
+	ProbeIdleReadyzInterval time.Duration
 	// ProbeInterval between probe rounds. If zero, 1s.
 	ProbeInterval time.Duration
 	// ProbeTimeout for one probe. If zero, 1s (at most ProbeInterval).
@@ -213,7 +219,8 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	f := &Failover{origin: origin, tls: files}
 	prober, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: mode, TLSConfig: tlsCfg, Host: u.Host, Files: files,
 		BearerToken: cfg.BearerToken, BearerTokenFile: cfg.BearerTokenFile, TLSReloadInterval: opts.TLSReloadInterval,
-		PingInterval: opts.ProbePingInterval, ReadyzInterval: opts.ProbeReadyzInterval, Logger: opts.Logger})
+		PingInterval: opts.ProbePingInterval, ReadyzInterval: opts.ProbeReadyzInterval, IdleReadyzInterval: opts.ProbeIdleReadyzInterval,
+		Logger: opts.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}

@@ -218,7 +218,11 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	if b.probeReadyzInterval < 0 {
 		b.reject("probe-readyz-interval", b.probeReadyzInterval, "want a positive duration (0: the default, "+endpoint.DefaultReadyzInterval.String()+")")
 	}
-	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval, ReadyzInterval: b.probeReadyzInterval}
+	if b.probeIdleReadyz < 0 {
+		b.reject("probe-idle-readyz-interval", b.probeIdleReadyz, "want a positive duration (0: 3 × --probe-readyz-interval)")
+	}
+	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval,
+		ReadyzInterval: b.probeReadyzInterval, IdleReadyzInterval: b.probeIdleReadyz}
 }
 
 // credentials returns the credentials for discovery and probes: those of

@@ -37,6 +37,7 @@ type options struct {
 	firstByteTimeout    time.Duration
 	probePingInterval   time.Duration
 	probeReadyzInterval time.Duration
+	probeIdleReadyz     time.Duration
 	shutdownTimeout     time.Duration
 	maxConnections      int
 	proxyProtocol       string
@@ -72,7 +73,8 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.healthPort, "health-port", 7446, "port of the health, metrics and status server")
 	fs.StringVar(&o.probe, "probe", "held", "health check: held (one verified HTTP/2 connection held per API server, PINGed every --probe-ping-interval while it carries connections, GET /readyz over it every --probe-readyz-interval: a server that stops answering is noticed between probes, and the handshake and /readyz are not paid every second), readyz (verified TLS + GET /readyz on a new connection every probe), tls (verified TLS handshake) or tcp (connect only)")
 	fs.DurationVar(&o.probePingInterval, "probe-ping-interval", 0, "with --probe=held, how often the held connection of an API server that carries connections is PINGed (default "+endpoint.DefaultPingInterval.String()+"; the others every "+endpoint.DefaultIdlePingInterval.String()+")")
-	fs.DurationVar(&o.probeReadyzInterval, "probe-readyz-interval", 0, "with --probe=held, how often GET /readyz is sent over each held connection whose PINGs are answered (default "+endpoint.DefaultReadyzInterval.String()+")")
+	fs.DurationVar(&o.probeReadyzInterval, "probe-readyz-interval", 0, "with --probe=held, how often GET /readyz is sent over the held connection, whose PINGs are answered, of an API server that carries connections (default "+endpoint.DefaultReadyzInterval.String()+")")
+	fs.DurationVar(&o.probeIdleReadyz, "probe-idle-readyz-interval", 0, "with --probe=held, the same for an API server that carries none (default 3 × --probe-readyz-interval, "+endpoint.DefaultIdleReadyzInterval.String()+")")
 	fs.StringVar(&o.caFile, "ca-file", "", "PEM file with the cluster CA that signed the API server certificates; needed by --probe=readyz and tls (default: the in-cluster service account CA if present)")
 	fs.StringVar(&o.tlsServerName, "tls-server-name", "", "name the API server certificates carry, as in the clients' kubeconfig tls-server-name (default "+defaultServerName+")")
 	fs.DurationVar(&o.healthInterval, "health-interval", time.Second, "time between health probe rounds (at least 1s)")

@@ -305,6 +305,13 @@ func TestValidConfigs(t *testing.T) {
 		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe-readyz-interval=-2s"}, env())
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "--probe-readyz-interval=-2s")
+
+		cfg, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe-idle-readyz-interval=1m"}, env())
+		require.NoError(t, err)
+		assert.Equal(t, time.Minute, cfg.Probe.IdleReadyzInterval)
+		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_PROBE_IDLE_READYZ_INTERVAL", "-1s"))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "probe-idle-readyz-interval")
 	})
 	t.Run("first-byte watch off", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}, env("LOCALPROXY_FIRST_BYTE_TIMEOUT", "0"))

@@ -29,8 +29,15 @@ const (
 	// endpoint not in use is PINGed.
 	DefaultIdlePingInterval = 5 * time.Second
 	// DefaultReadyzInterval is how often GET /readyz is sent over a held
-	// connection whose PINGs are answered.
+	// connection, whose PINGs are answered, to an endpoint in use.
 	DefaultReadyzInterval = 10 * time.Second
+	// idleReadyzFactor: an endpoint not in use is asked /readyz this many
+	// times less often (DefaultIdleReadyzInterval, 30s, by default).
+	idleReadyzFactor = 3
+	// DefaultIdleReadyzInterval is how often GET /readyz is sent over the
+	// held connection of an endpoint not in use, with the default
+	// ReadyzInterval.
+	DefaultIdleReadyzInterval = idleReadyzFactor * DefaultReadyzInterval
 )
 
 // The PING timeout's rule (see pingTimeout), the reconnect
@@ -322,7 +329,7 @@ func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, err
 	if c == nil {
 		return 0, err
 	}
-	if c.fresh(now, OrDefault(p.ReadyzInterval, DefaultReadyzInterval)) {
+	if c.fresh(now, p.readyzEvery(addr)) {
 		return time.Duration(c.srtt.Load()), nil
 	}
 	err = p.readyzHeld(ctx, c)
@@ -339,6 +346,19 @@ func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, err
 		h.dropped(c, err)
 	}
 	return 0, err
+}
+
+// readyzEvery is how often GET /readyz goes over addr's held connection:
+// ReadyzInterval while addr is in use (or without InUse),
+// IdleReadyzInterval (never more often) otherwise. An endpoint that comes
+// into use is thus asked at its first probe once its last answer is
+// older than ReadyzInterval.
+func (p *Prober) readyzEvery(addr string) time.Duration {
+	every := OrDefault(p.ReadyzInterval, DefaultReadyzInterval)
+	if p.InUse == nil || p.InUse(addr) {
+		return every
+	}
+	return max(OrDefault(p.IdleReadyzInterval, idleReadyzFactor*every), every)
 }
 
 // heldConn returns h's connection, opening one if needed. It returns nil
@@ -494,8 +514,12 @@ func (p *Prober) watchHeld(c *heldConn) {
 		// No probe for long ends it quietly.
 		stop: c.h.idle,
 	}
-	if p.InUse != nil {
-		l.inUse = func() bool { return p.InUse(addr) }
+	busy := p.Busy
+	if busy == nil {
+		busy = p.InUse
+	}
+	if busy != nil {
+		l.busy = func() bool { return busy(addr) }
 		l.wake = c.h.wake
 	}
 	l.rtt.Sample(c.connect)
@@ -531,13 +555,17 @@ func (p *Prober) watchHeld(c *heldConn) {
 
 // pingLoop is the PING schedule of one held connection.
 type pingLoop struct {
-	// interval is the time between PINGs, idleInterval while inUse (if
-	// set) says the endpoint is not in use.
+	// interval is the time between PINGs while busy (if set) says the
+	// endpoint has requests waiting for an answer, or with no busy;
+	// idleInterval otherwise.
 	interval, idleInterval time.Duration
-	inUse                  func() bool
-	// wake, if set, is signalled when the endpoint may have come into
-	// use: the loop asks inUse again at once.
+	busy                   func() bool
+	// wake, if set, is signalled when a request was just sent: a PING
+	// goes at once, or interval after the last one.
 	wake <-chan struct{}
+	// idle: the loop waits idleInterval; last: when the last PING went.
+	idle bool
+	last time.Time
 	ping func(context.Context) error
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
@@ -561,12 +589,13 @@ type pingLoop struct {
 
 // run sends PINGs until one is not answered in time or the connection is
 // lost or the server sent GOAWAY (the failure to report is returned), or
-// ctx is done or stop says so (zero). While the endpoint is in use (or
-// with no inUse) a PING goes every interval (±10%) after the last answer,
-// otherwise every idleInterval; a wake while not in use asks inUse again
-// and PINGs at once if it now is. Each PING has two deadlines: the timeout
-// of rtt, past which it is reported late (see late), and a confirmation
-// timeout past which the connection counts as lost (see confirmTimeout).
+// ctx is done or stop says so (zero). While the endpoint is busy (or with
+// no busy) a PING goes every interval (±10%) after the last answer,
+// otherwise every idleInterval; a wake during an idle wait brings the
+// next PING forward to interval after the last one (at once if that has
+// passed). Each PING has two deadlines: the timeout of rtt, past which it
+// is reported late (see late), and a confirmation timeout past which the
+// connection counts as lost (see confirmTimeout).
 func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	t := time.NewTimer(l.next())
 	defer t.Stop()
@@ -577,12 +606,14 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 		case <-l.lost:
 			return l.lostFailure()
 		case <-l.wake:
-			if !l.inUse() {
-				continue
+			if l.idle {
+				l.idle = false
+				t.Reset(max(l.interval-time.Since(l.last), 0))
 			}
-			t.Stop()
+			continue
 		case <-t.C:
 		}
+		l.last = time.Now()
 		f, err := l.pingOnce(ctx)
 		if f != 0 || err != nil || ctx.Err() != nil {
 			return f, err
@@ -598,9 +629,10 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	}
 }
 
-// next is the wait until the next PING.
+// next is the wait until the next PING; it sets idle.
 func (l *pingLoop) next() time.Duration {
-	if l.inUse != nil && !l.inUse() {
+	l.idle = l.busy != nil && !l.busy()
+	if l.idle {
 		return spread(max(l.idleInterval, l.interval))
 	}
 	return spread(l.interval)

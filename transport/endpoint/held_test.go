@@ -216,6 +216,56 @@ func TestHeldProbeOneHandshake(t *testing.T) {
 	assert.Zero(t, s.h1.Load())
 }
 
+// An endpoint not in use is asked /readyz every IdleReadyzInterval, one in
+// use every ReadyzInterval: one that comes into use is asked at its next
+// probe once its last answer is older than that.
+func TestHeldProbeIdleReadyzInterval(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	var inUse atomic.Bool
+	p := heldProberWith(t, pki, newReporter(), func(c *endpoint.ProbeConfig) {
+		c.ReadyzInterval, c.IdleReadyzInterval = 300*time.Millisecond, time.Hour
+	})
+	p.InUse = func(string) bool { return inUse.Load() }
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	time.Sleep(400 * time.Millisecond)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(1), s.requests.Load(), "not in use: the answer holds for IdleReadyzInterval")
+	inUse.Store(true)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(2), s.requests.Load(), "in use: asked again, the answer is older than ReadyzInterval")
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	assert.Equal(t, int32(2), s.requests.Load())
+}
+
+// IdleReadyzInterval left zero is 3 × ReadyzInterval, and never shorter
+// than it.
+func TestHeldProbeIdleReadyzDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		every, idle time.Duration
+		wait        time.Duration
+		want        int32
+	}{
+		{"zero: 3 × ReadyzInterval, still fresh", 200 * time.Millisecond, 0, 400 * time.Millisecond, 1},
+		{"zero: 3 × ReadyzInterval, stale", 200 * time.Millisecond, 0, 700 * time.Millisecond, 2},
+		{"shorter than ReadyzInterval: ReadyzInterval", 400 * time.Millisecond, time.Millisecond, 200 * time.Millisecond, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pki := newPKI(t)
+			s := newH2Server(t, pki.Cert)
+			p := heldProberWith(t, pki, newReporter(), func(c *endpoint.ProbeConfig) {
+				c.ReadyzInterval, c.IdleReadyzInterval = tc.every, tc.idle
+			})
+			p.InUse = func(string) bool { return false }
+			require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+			time.Sleep(tc.wait)
+			require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+			assert.Equal(t, tc.want, s.requests.Load())
+		})
+	}
+}
+
 // Only a 200 is taken on trust: after any other answer every probe asks
 // /readyz again, and so does the first probe over a new connection.
 func TestHeldProbeTrustsOnlyReady(t *testing.T) {

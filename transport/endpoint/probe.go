@@ -96,16 +96,31 @@ type Prober struct {
 	// of an endpoint not in use. If zero, DefaultIdlePingInterval (5s);
 	// never more often than PingInterval.
 	IdlePingInterval time.Duration
-	// InUse, if set, reports whether addr carries connections, so that
-	// its held connection is PINGed every PingInterval: a server that
-	// stops answering is then caught before the requests on it wait
-	// long. Others are PINGed every IdlePingInterval. If nil, every
-	// endpoint is in use.
+	// InUse, if set, reports whether addr carries connections: /readyz
+	// goes every ReadyzInterval to those, every IdleReadyzInterval to the
+	// others. If nil, every endpoint is in use.
 	InUse func(addr string) bool
+	// Busy, if set, reports whether addr has requests waiting for an
+	// answer, so that its held connection is PINGed every PingInterval
+	// while it has: a server that stops answering is then caught before
+	// they wait long. Wake says that a request was just sent (a PING goes
+	// at once, or PingInterval after the last one). Otherwise the held
+	// connection is PINGed every IdlePingInterval: on this kind of
+	// machine a PING costs an idle kube-apiserver about half a
+	// millisecond of CPU. If nil, InUse stands in for it (nil too: every
+	// endpoint is busy).
+	Busy func(addr string) bool
 	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
-	// held connection whose PINGs are answered in time; probes between
-	// take the PINGs' word. If zero, DefaultReadyzInterval (10s).
+	// held connection whose PINGs are answered in time, to an endpoint in
+	// use (see InUse); probes between take the PINGs' word. If zero,
+	// DefaultReadyzInterval (10s).
 	ReadyzInterval time.Duration
+	// IdleReadyzInterval is the same for an endpoint not in use: it
+	// carries no request that a server shutting down would fail, and
+	// becoming in use asks again once the last answer is older than
+	// ReadyzInterval. If zero, 3 × ReadyzInterval (30s by default); never
+	// more often than ReadyzInterval.
+	IdleReadyzInterval time.Duration
 	// Reporter, if set, receives the failures ProbeHeld sees between
 	// probes, when they happen: a PING unanswered in time or a connection
 	// lost (upstream.FailureConnLost), a GOAWAY (upstream.FailureGoAway).
@@ -245,7 +260,7 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
 		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, IdlePingInterval: p.IdlePingInterval,
-		InUse: p.InUse, ReadyzInterval: p.ReadyzInterval, Reporter: p.Reporter, files: p.files}
+		InUse: p.InUse, Busy: p.Busy, ReadyzInterval: p.ReadyzInterval, IdleReadyzInterval: p.IdleReadyzInterval, Reporter: p.Reporter, files: p.files}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client

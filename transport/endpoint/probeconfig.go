@@ -97,9 +97,12 @@ type ProbeConfig struct {
 	// sets). If zero, DefaultIdlePingInterval (5s).
 	IdlePingInterval time.Duration
 	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
-	// held connection whose PINGs are answered. If zero,
-	// DefaultReadyzInterval (10s).
+	// held connection whose PINGs are answered, to an endpoint in use. If
+	// zero, DefaultReadyzInterval (10s).
 	ReadyzInterval time.Duration
+	// IdleReadyzInterval is the same for an endpoint not in use. If zero,
+	// 3 × ReadyzInterval (30s by default).
+	IdleReadyzInterval time.Duration
 }
 
 // ProbeConfigError is a ProbeConfig that NewProber cannot build a Prober
@@ -126,7 +129,8 @@ func NewProber(c ProbeConfig) (*Prober, error) {
 		return nil, &ProbeConfigError{Field: "Mode", Err: err}
 	}
 	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger,
-		PingInterval: c.PingInterval, IdlePingInterval: c.IdlePingInterval, ReadyzInterval: c.ReadyzInterval}
+		PingInterval: c.PingInterval, IdlePingInterval: c.IdlePingInterval, ReadyzInterval: c.ReadyzInterval,
+		IdleReadyzInterval: c.IdleReadyzInterval}
 	if mode == ProbeTCP {
 		return p, nil
 	}
