@@ -142,9 +142,24 @@ func (c *conn) pipe(fb *firstByte) {
 			}
 		}
 	}
-	go c.proxyCopy(c.upRaw, c.client, c.p.m.bytes.WithLabelValues("in"), done, sent)
-	c.proxyCopy(c.client, c.upRaw, c.p.m.bytes.WithLabelValues("out"), nil, got)
+	// Bytes sent upstream are a request, or part of one: the held
+	// connection of its server is PINGed soon and while it waits.
+	wake := func() { c.p.upstreams.Wake(c.addr) }
+	go c.proxyCopy(c.upRaw, c.client, c.p.m.bytes.WithLabelValues("in"), done, sent, wake)
+	c.proxyCopy(c.client, c.upRaw, c.p.m.bytes.WithLabelValues("out"), nil, got, nil)
 	<-done
+}
+
+// SinceData tells how long ago the upstream connection last sent and
+// received data (endpoint.Registry.Busy).
+func (c *conn) SinceData() (sent, recv time.Duration, ok bool) {
+	c.mu.Lock()
+	up := c.upRaw
+	c.mu.Unlock()
+	if up == nil {
+		return 0, 0, false
+	}
+	return endpoint.SinceData(up)
 }
 
 // firstBufs holds the buffers of copyFirst: a TLS ClientHello or a
@@ -175,9 +190,10 @@ func copyFirst(dst, src net.Conn) (int, bool, error) {
 // direction gets HalfOpenTimeout to finish. Between two *net.TCPConn the
 // copy is a kernel splice; it runs in chunks so that the byte counter
 // moves. If first is set, the first read goes through a buffer (copyFirst)
-// and first is told its byte count and error. It closes done, if not nil,
+// and first is told its byte count and error. wrote, if set, is called
+// after each chunk of bytes written to dst. It closes done, if not nil,
 // when it returns.
-func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<- struct{}, first func(n int, err error)) {
+func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<- struct{}, first func(n int, err error), wrote func()) {
 	if done != nil {
 		defer close(done)
 	}
@@ -188,6 +204,9 @@ func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<
 		n, eof, err = copyFirst(dst, src)
 		bytes.Add(float64(n))
 		first(n, err)
+		if n > 0 && wrote != nil {
+			wrote()
+		}
 	}
 	for err == nil && !eof {
 		// Splice only what has arrived: a splice waiting for data would
@@ -200,6 +219,9 @@ func (c *conn) proxyCopy(dst, src net.Conn, bytes prometheus.Counter, done chan<
 		lr := &io.LimitedReader{R: src, N: n}
 		n, err = io.Copy(dst, lr)
 		bytes.Add(float64(n))
+		if n > 0 && wrote != nil {
+			wrote()
+		}
 		eof = err == nil && lr.N > 0 // src reached EOF
 	}
 	if eof {

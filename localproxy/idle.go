@@ -3,7 +3,11 @@ package localproxy
 import (
 	"context"
 	"math/rand/v2"
+	"net"
+	"runtime"
 	"time"
+
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // reapIdle closes connections that carried no data for IdleTimeout,
@@ -31,3 +35,15 @@ func (p *Proxy) reapIdle(ctx context.Context) {
 		t.Reset(time.Duration(float64(every) * (0.9 + 0.2*rand.Float64())))
 	}
 }
+
+// idleFor returns how long the socket has neither sent nor received data,
+// from the kernel (endpoint.SinceData); ok is false when that cannot be
+// read.
+func idleFor(nc net.Conn) (d time.Duration, ok bool) {
+	sent, recv, ok := endpoint.SinceData(nc)
+	return min(sent, recv), ok
+}
+
+// idleSupported: the kernel tells how long a socket carried no data
+// (endpoint.SinceData reads TCP_INFO on Linux only).
+const idleSupported = runtime.GOOS == "linux"

@@ -197,6 +197,15 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 	}
 }
 
+// SinceData tells how long ago the connection last sent and received
+// data (endpoint.Registry.Busy).
+func (c *clientConn) SinceData() (sent, recv time.Duration, ok bool) {
+	if c.conn == nil {
+		return 0, 0, false
+	}
+	return endpoint.SinceData(c.conn)
+}
+
 // gotConn reports the connection a request is about to be sent on to the
 // request's httptrace.ClientTrace, as http.Transport does: its RemoteAddr
 // is the endpoint serving the request.
@@ -241,8 +250,12 @@ func (p *connPool) reserveConn(c *clientConn) bool {
 		p.mu.Unlock()
 		if !ok {
 			c.cc.Release()
+			return false
 		}
-		return ok
+		// A request goes out: the held connection of its server is
+		// PINGed soon and while it waits (endpoint.Registry.Busy).
+		p.conns.Wake(c.addr)
+		return true
 	}
 	if c.cc.Err() != nil || c.cc.InFlight() == 0 {
 		// Closed, or unusable while idle (GOAWAY): drop it.

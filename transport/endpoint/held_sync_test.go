@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
@@ -116,11 +117,11 @@ func TestPingLoopLateAnswer(t *testing.T) {
 	})
 }
 
-// An endpoint not in use is PINGed every IdleInterval, one in use every
-// Interval; a wake when it comes into use PINGs at once and from then on
-// every Interval. Between idle PINGs the loop sleeps: it asks InUse only
-// when it wakes.
-func TestPingLoopInUse(t *testing.T) {
+// An endpoint with no request waiting is PINGed every IdleInterval, a
+// busy one every Interval; a wake (a request sent) PINGs at once and from
+// then on every Interval while busy. Between idle PINGs the loop sleeps:
+// it asks Busy only after a PING.
+func TestPingLoopBusy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var pings []time.Time
 		ping := func(ctx context.Context) error {
@@ -128,50 +129,92 @@ func TestPingLoopInUse(t *testing.T) {
 			return nil
 		}
 		start := time.Now()
-		var inUse atomic.Bool
+		var busy atomic.Bool
 		var asked atomic.Int32
 		wake := make(chan struct{}, 1)
 		time.AfterFunc(10*time.Second+time.Millisecond, func() {
-			inUse.Store(true)
+			busy.Store(true)
 			wake <- struct{}{}
 		})
 		ctx, cancel := context.WithTimeout(t.Context(), 12*time.Second)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
-			InUse: func() bool { asked.Add(1); return inUse.Load() }, Wake: wake, Ping: ping,
+			Busy: func() bool { asked.Add(1); return busy.Load() }, Wake: wake, Ping: ping,
 		})
-		idle, busy := 0, 0
+		idle, fast := 0, 0
 		for _, p := range pings {
 			if p.Sub(start) < 10*time.Second+time.Millisecond {
 				idle++
 			} else {
-				busy++
+				fast++
 			}
 		}
 		assert.InDelta(t, 5, idle, 1, "idle: one PING per 2s over 10s")
-		assert.InDelta(t, 9, busy, 1, "in use: one PING at once, then one per 250ms over 2s")
-		if assert.Greater(t, len(pings), idle) {
-			assert.Equal(t, 10*time.Second+time.Millisecond, pings[idle].Sub(start), "the wake PINGs at once")
+		assert.InDelta(t, 8, fast, 1, "busy: one PING at once (or 250ms after the last), then one per 250ms (±10%) until 12s")
+		if assert.Greater(t, len(pings), idle) && assert.Positive(t, idle) {
+			woke := start.Add(10*time.Second + time.Millisecond)
+			want := woke
+			if after := pings[idle-1].Add(250 * time.Millisecond); after.After(woke) {
+				want = after
+			}
+			assert.Equal(t, want, pings[idle], "the wake PINGs at once, or 250ms after the last PING")
 		}
-		assert.Less(t, int(asked.Load()), 3*idle+3*busy, "no ticking in between")
+		assert.Equal(t, len(pings)+1, int(asked.Load()), "Busy asked once per PING, and at the start")
 	})
 }
 
-// A wake of an endpoint still not in use changes nothing.
-func TestPingLoopWakeNotInUse(t *testing.T) {
+// A wake of an endpoint whose request is answered before the PING: one
+// PING, then the idle schedule again.
+func TestPingLoopWakeAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pings []time.Duration
+		start := time.Now()
+		ping := func(ctx context.Context) error { pings = append(pings, time.Since(start)); return nil }
+		wake := make(chan struct{}, 1)
+		time.AfterFunc(time.Second, func() { wake <- struct{}{} })
+		ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
+		defer cancel()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
+			Busy: func() bool { return false }, Wake: wake, Ping: ping,
+		})
+		require.Len(t, pings, 2, "the wake's PING, then one idle PING in 4s")
+		assert.Equal(t, time.Second, pings[0])
+		assert.InDelta(t, float64(3*time.Second), float64(pings[1]), float64(200*time.Millisecond), "idle again: 2s (±10%) after")
+	})
+}
+
+// Wakes come with every request; PINGs still go at most every Interval:
+// a wake soon after a PING brings the next one to Interval after it, and
+// wakes while PINGs go every Interval change nothing.
+func TestPingLoopWakeRateBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := 0
 		ping := func(ctx context.Context) error { n++; return nil }
 		wake := make(chan struct{}, 1)
-		time.AfterFunc(time.Second, func() { wake <- struct{}{} })
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		stop := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second+time.Millisecond)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
-			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
-			InUse: func() bool { return false }, Wake: wake, Ping: ping,
+			Interval: 250 * time.Millisecond, IdleInterval: time.Hour, Seed: time.Millisecond,
+			Busy: func() bool { return false }, Wake: wake, Ping: ping,
 		})
-		assert.Equal(t, 1, n, "one idle PING in 3s")
+		close(stop)
+		assert.InDelta(t, 9, n, 1, "a request every 10ms for 2s: a PING per 250ms")
 	})
 }
 

@@ -55,10 +55,27 @@ type RegistryConfig struct {
 	Logger logr.Logger
 	// Prober, if set, has its held probe connections follow the
 	// registry: an endpoint with connections is in use (NewRegistry sets
-	// Prober.InUse), and one that gets a connection while it had none is
-	// woken (Prober.Wake, called without the registry's lock), so that
-	// its held connection is PINGed as one in use at once.
+	// Prober.InUse), one with a connection waiting for an answer is busy
+	// (Prober.Busy, see Registry.Busy), and one that gets a connection
+	// while it had none, or a request (Registry.Wake), is woken
+	// (Prober.Wake, called without the registry's lock), so that its
+	// held connection is PINGed soon.
 	Prober *Prober
+}
+
+// BusyWindow is how long a connection that sent data and received none
+// since counts as waiting for an answer (Registry.Busy): a request
+// answered in this time, or a server that fails while one waits this
+// long, is seen by PINGs every Prober.PingInterval. Longer than the
+// sub-second a hung server takes to be caught, short enough that the
+// flow-control updates a client sends after reading a watch event cost
+// few PINGs.
+const BusyWindow = 2 * time.Second
+
+// dataClock is a Conn that tells how long ago its connection to the
+// server last sent and received data (SinceData).
+type dataClock interface {
+	SinceData() (sent, recv time.Duration, ok bool)
 }
 
 // Registry is a front end's one registry of connections by endpoint, and
@@ -131,9 +148,34 @@ func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 	}
 	if cfg.Prober != nil {
 		cfg.Prober.InUse = func(addr string) bool { return r.Len(addr) > 0 }
+		cfg.Prober.Busy = r.Busy
 	}
 	return r
 }
+
+// Busy reports whether some connection to addr waits for an answer: it
+// sent data less than BusyWindow ago and has received none since. A Conn
+// that cannot tell (not a dataClock, or not over TCP on Linux) counts as
+// waiting while it is open.
+func (r *Registry[C]) Busy(addr string) bool {
+	for _, c := range r.Conns(addr) {
+		dc, ok := any(c).(dataClock)
+		if !ok {
+			return true
+		}
+		sent, recv, ok := dc.SinceData()
+		if !ok || (sent < BusyWindow && sent < recv) {
+			return true
+		}
+	}
+	return false
+}
+
+// Wake tells the Prober (RegistryConfig.Prober), if any, that a request
+// was just sent to addr: its held connection is PINGed soon, and then
+// while addr is busy (see Busy). Call it without holding locks the
+// Prober could wait on; it does not block.
+func (r *Registry[C]) Wake(addr string) { r.cfg.Prober.Wake(addr) }
 
 // Begin is called before a dial picks its candidates; it returns the mark
 // to give Add. Every Begin must be followed by one End once the dial's

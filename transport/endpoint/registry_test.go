@@ -1,7 +1,11 @@
 package endpoint_test
 
 import (
+	"crypto/tls"
 	"errors"
+	"io"
+	"net"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -272,4 +276,95 @@ func TestRegistryProber(t *testing.T) {
 	assert.False(t, p.InUse(a))
 	b.add(t, a, false)
 	assert.True(t, endpoint.Woken(p, a), "again after it had none")
+}
+
+// clockConn is a Conn that tells when it last sent and received data.
+type clockConn struct {
+	fakeConn
+	sent, recv time.Duration
+	ok         bool
+}
+
+func (c *clockConn) SinceData() (time.Duration, time.Duration, bool) { return c.sent, c.recv, c.ok }
+
+// An endpoint is busy while one of its connections sent data less than
+// BusyWindow ago and received none since; a connection that cannot tell
+// counts as waiting. Registry.Wake wakes the Prober's held connection.
+func TestRegistryBusy(t *testing.T) {
+	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	r := endpoint.NewRegistry[*clockConn](endpoint.RegistryConfig{Prober: p})
+	add := func(c *clockConn) {
+		mark := r.Begin()
+		defer r.End()
+		require.True(t, r.Add(a, c, mark))
+	}
+	assert.False(t, p.Busy(a), "no connection")
+	idle := &clockConn{sent: time.Minute, recv: time.Minute, ok: true}
+	add(idle)
+	assert.False(t, p.Busy(a), "idle")
+	answered := &clockConn{sent: 100 * time.Millisecond, recv: 50 * time.Millisecond, ok: true}
+	add(answered)
+	assert.False(t, p.Busy(a), "answered after it sent")
+	sameMs := &clockConn{sent: 0, recv: 0, ok: true}
+	add(sameMs)
+	assert.False(t, p.Busy(a), "answered in the same millisecond")
+	waitedLong := &clockConn{sent: endpoint.BusyWindow, recv: time.Minute, ok: true}
+	add(waitedLong)
+	assert.False(t, p.Busy(a), "waiting for BusyWindow: not any more")
+
+	waiting := &clockConn{sent: 100 * time.Millisecond, recv: time.Minute, ok: true}
+	add(waiting)
+	assert.True(t, p.Busy(a), "sent, nothing received since")
+	assert.False(t, p.Busy(other))
+	r.Remove(a, waiting)
+	assert.False(t, p.Busy(a))
+	add(&clockConn{ok: false})
+	assert.True(t, p.Busy(a), "cannot tell: waiting")
+
+	assert.False(t, endpoint.Woken(p, other)) // makes the channel
+	r.Wake(other)
+	assert.True(t, endpoint.Woken(p, other))
+}
+
+// SinceData reads the kernel's clock of a TCP connection's data, through
+// the wrappers both front ends use (*tls.Conn, TrackedConn).
+func TestSinceData(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("TCP_INFO: Linux only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	server, err := ln.Accept()
+	require.NoError(t, err)
+	defer server.Close()
+
+	_, _, ok := endpoint.SinceData(&net.UnixConn{})
+	assert.False(t, ok, "not TCP")
+	time.Sleep(30 * time.Millisecond)
+	sent, recv, ok := endpoint.SinceData(client)
+	require.True(t, ok)
+	assert.GreaterOrEqual(t, sent, 20*time.Millisecond, "no data sent yet")
+	assert.GreaterOrEqual(t, recv, 20*time.Millisecond)
+
+	_, err = client.Write([]byte("GET"))
+	require.NoError(t, err)
+	sent, recv, ok = endpoint.SinceData(tls.Client(client, &tls.Config{}))
+	require.True(t, ok, "through *tls.Conn")
+	assert.Less(t, sent, recv, "sent, nothing received since")
+
+	time.Sleep(5 * time.Millisecond)
+	_, err = server.Write([]byte("200"))
+	require.NoError(t, err)
+	b := make([]byte, 3)
+	_, err = io.ReadFull(client, b)
+	require.NoError(t, err)
+	sent, recv, ok = endpoint.SinceData(client)
+	require.True(t, ok)
+	assert.LessOrEqual(t, recv, sent, "answered")
 }

@@ -40,3 +40,19 @@ func TuneTCP(nc net.Conn, keepAlive, userTimeout time.Duration) error {
 	}
 	return errors.Join(kerr, uerr)
 }
+
+// tcpUnder returns the *net.TCPConn under nc, unwrapping NetConn methods
+// (*tls.Conn, TrackedConn), or nil.
+func tcpUnder(nc net.Conn) *net.TCPConn {
+	for range 8 {
+		switch c := nc.(type) {
+		case *net.TCPConn:
+			return c
+		case interface{ NetConn() net.Conn }:
+			nc = c.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}

@@ -3,6 +3,7 @@
 package endpoint
 
 import (
+	"net"
 	"syscall"
 	"time"
 
@@ -24,4 +25,28 @@ func setUserTimeout(c syscall.RawConn, d time.Duration) error {
 		return err
 	}
 	return serr
+}
+
+// SinceData returns how long ago the TCP connection under nc (unwrapped
+// through NetConn methods, as *tls.Conn and TrackedConn have) last sent
+// and last received data, from the kernel's TCP_INFO (millisecond
+// resolution; ACKs and keepalives are not data). ok is false when nc is
+// not over TCP or the kernel does not tell.
+func SinceData(nc net.Conn) (sent, recv time.Duration, ok bool) {
+	tc := tcpUnder(nc)
+	if tc == nil {
+		return 0, 0, false
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0, 0, false
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil || ierr != nil {
+		return 0, 0, false
+	}
+	return time.Duration(info.Last_data_sent) * time.Millisecond, time.Duration(info.Last_data_recv) * time.Millisecond, true
 }

@@ -3,9 +3,13 @@
 package endpoint
 
 import (
+	"net"
 	"syscall"
 	"time"
 )
 
 // setUserTimeout does nothing where TCP_USER_TIMEOUT does not exist.
 func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
+
+// SinceData cannot tell here: ok is always false.
+func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, false }
