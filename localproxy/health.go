@@ -9,9 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -136,17 +134,13 @@ func (p *Proxy) newHealthServer() *http.Server {
 	})
 	return &http.Server{
 		Handler:           onlyGetHead(mux),
-		ReadHeaderTimeout: 5 * time.Second,
+		ReadHeaderTimeout: p.cfg.health.readHeaderTimeout,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       time.Minute,
 		ErrorLog:          nil,
 	}
 }
-
-// maxHealthConns bounds the health server's open connections: kubelet's
-// probes and a scraper need a few.
-const maxHealthConns = 32
 
 // onlyGetHead answers 405 with an Allow header to other methods.
 func onlyGetHead(h http.Handler) http.Handler {
@@ -161,19 +155,19 @@ func onlyGetHead(h http.Handler) http.Handler {
 }
 
 // serveHealth serves srv on ln until ctx is done, then shuts it down.
-func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log logr.Logger) {
-	// A local process must not exhaust the proxy's file descriptors
-	// through the health port: beyond maxHealthConns, connections wait
-	// in the listen backlog; idle ones are closed by the server's
-	// timeouts.
-	ln = netutil.LimitListener(ln, maxHealthConns)
+// A local process must not exhaust the proxy's file descriptors through
+// the health port: beyond the cap (HealthMaxConnections), connections are
+// closed as soon as they are accepted; those within it are closed by the
+// server's timeouts when they dawdle.
+func (p *Proxy) serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) {
+	ln = newCapListener(ln, HealthMaxConnections, p.m.healthActive, p.m.healthRejected, p.log)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "health server stopped")
+			p.log.Error(err, "health server stopped")
 		}
 		return
 	}
