@@ -17,7 +17,8 @@ import (
 // curl. More are closed as soon as they are accepted: a local process
 // (or a hostNetwork pod, or a remote one when the health server listens
 // beyond loopback) cannot hold more of the proxy's file descriptors
-// through it than this, one each.
+// through it than this, one each. cmd/localproxy counts them in the file
+// limit beside --max-connections.
 const HealthMaxConnections = 64
 
 const (
