@@ -104,7 +104,7 @@ func (p *Proxy) live(startedAt time.Time) error {
 }
 
 // newHealthServer serves /healthz, /readyz, /metrics and /status, GET and
-// HEAD only.
+// HEAD only, with the timeouts and sizes of healthcap.go.
 func (p *Proxy) newHealthServer() *http.Server {
 	startedAt := time.Now()
 	mux := http.NewServeMux()
@@ -133,18 +133,29 @@ func (p *Proxy) newHealthServer() *http.Server {
 		enc.Encode(p.Status())
 	})
 	return &http.Server{
-		Handler:           onlyGetHead(mux),
+		Handler:           healthRequests(mux),
 		ReadHeaderTimeout: p.cfg.health.readHeaderTimeout,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       time.Minute,
-		ErrorLog:          nil,
+		ReadTimeout:       healthReadTimeout,
+		WriteTimeout:      healthWriteTimeout,
+		IdleTimeout:       healthIdleTimeout,
+		MaxHeaderBytes:    healthMaxHeaderBytes,
+		// "OPTIONS *" goes to healthRequests (405) too, instead of
+		// net/http's answer, which reads the request body.
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     nil,
 	}
 }
 
-// onlyGetHead answers 405 with an Allow header to other methods.
-func onlyGetHead(h http.Handler) http.Handler {
+// healthRequests answers 405 with an Allow header to methods other than
+// GET and HEAD, and reads no request body: a request that has one
+// (nothing served here wants it) is answered and its connection closed,
+// where net/http would read up to 256 KiB of it first to keep the
+// connection.
+func healthRequests(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)

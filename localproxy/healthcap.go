@@ -21,10 +21,30 @@ import (
 // limit beside --max-connections.
 const HealthMaxConnections = 64
 
+// The health server's timeouts and sizes: its requests are small GETs
+// from local clients, its largest answer is /metrics.
 const (
-	// healthReadHeaderTimeout: how long the health server waits for a
-	// request's headers.
-	healthReadHeaderTimeout = 5 * time.Second
+	// healthReadHeaderTimeout: a client sends its request headers in
+	// one write; one that trickles them (slowloris) holds a connection
+	// this long at most.
+	healthReadHeaderTimeout = 2 * time.Second
+	// healthReadTimeout bounds reading a whole request; bodies are not
+	// read (see healthRequests).
+	healthReadTimeout = 5 * time.Second
+	// healthWriteTimeout bounds a handler and the write of its answer,
+	// counted from the end of the request headers: as long as
+	// Prometheus's default scrape timeout, so a slow scraper is never
+	// cut before it would give up itself.
+	healthWriteTimeout = 10 * time.Second
+	// healthIdleTimeout closes a kept-alive connection with no request
+	// for this long: longer than the usual 15s scrape interval, so a
+	// scraper's connection stays open between scrapes, and an idle
+	// client gives its slot back within half a minute.
+	healthIdleTimeout = 30 * time.Second
+	// healthMaxHeaderBytes bounds the request headers (net/http allows
+	// 4 KiB more): room for a bearer token, 128 times less than
+	// net/http's default of 1 MiB.
+	healthMaxHeaderBytes = 8 << 10
 	// healthRejectLogEvery: rejected connections are logged at most
 	// this often, with how many since the last line.
 	healthRejectLogEvery = time.Minute

@@ -1,10 +1,13 @@
 package localproxy_test
 
 import (
+	"bufio"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +103,107 @@ func TestHealthServerCapsConnections(t *testing.T) {
 	// The poll's kept-alive connection may hold one.
 	require.Eventually(t, func() bool { v, err := metricValue(r.reg, healthActive); return err == nil && v <= 1 },
 		10*time.Second, 5*time.Millisecond, "the holders' connections are given back")
+}
+
+// A client that sends its request headers a byte at a time, each in good
+// time for any per-read timeout (slowloris), is disconnected once the
+// health server's ReadHeaderTimeout has passed since it connected, before
+// its headers are complete.
+func TestHealthServerCutsSlowHeaders(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	r := startWithHealth(t, timeout)
+	c := dial(t, r.HealthAddr().String())
+	req := "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nX-Slow: " + strings.Repeat("x", 200) + "\r\n\r\n"
+
+	type answer struct {
+		data string
+		err  error
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		b, err := io.ReadAll(c) // until the server closes the connection
+		answers <- answer{string(b), err}
+	}()
+	const every = 100 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	sent := 0
+	var got answer
+send:
+	for sent < len(req) {
+		select {
+		case got = <-answers:
+			break send
+		case <-tick.C:
+			if _, err := c.Write([]byte{req[sent]}); err != nil {
+				got = <-answers
+				break send
+			}
+			sent++
+		}
+	}
+	require.Less(t, sent, len(req), "the server waited for all the headers, a byte every %v", every)
+	t.Logf("disconnected after %d of %d bytes, one every %v (ReadHeaderTimeout %v): %q, %v", sent, len(req), every, timeout, got.data, got.err)
+	assert.NotContains(t, got.data, "200 OK")
+	require.Eventually(t, metricIs(r, healthActive, 0), 10*time.Second, 5*time.Millisecond, "the connection is given back")
+}
+
+// What the health server reads of a request is bounded: headers up to 8
+// KiB (and net/http's 4 KiB of slack), and no body: a request with one
+// is answered without reading it, and its connection closed. "OPTIONS *"
+// is refused like every method but GET and HEAD.
+func TestHealthServerRequestLimits(t *testing.T) {
+	r := startWithHealth(t, 0)
+	for _, tc := range []struct {
+		name      string
+		req       string
+		code      int
+		close     bool
+		allowHead bool
+	}{
+		{
+			name: "bearer token sized headers",
+			req:  "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nAuthorization: Bearer " + strings.Repeat("t", 2048) + "\r\n\r\n",
+			code: http.StatusOK,
+		},
+		{
+			name:  "headers beyond the limit",
+			req:   "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nX-Big: " + strings.Repeat("x", 16<<10) + "\r\n\r\n",
+			code:  http.StatusRequestHeaderFieldsTooLarge,
+			close: true,
+		},
+		{
+			name:  "GET with a body not sent",
+			req:   "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nContent-Length: 100000\r\n\r\n",
+			code:  http.StatusOK,
+			close: true,
+		},
+		{
+			name:  "POST with a chunked body, unfinished",
+			req:   "POST /healthz HTTP/1.1\r\nHost: localproxy\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + strings.Repeat("b", 100),
+			code:  http.StatusMethodNotAllowed,
+			close: true, allowHead: true,
+		},
+		{
+			name:      "OPTIONS *",
+			req:       "OPTIONS * HTTP/1.1\r\nHost: localproxy\r\n\r\n",
+			code:      http.StatusMethodNotAllowed,
+			allowHead: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, r.HealthAddr().String())
+			require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+			_, err := io.WriteString(c, tc.req)
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, tc.code, resp.StatusCode)
+			assert.Equal(t, tc.close, resp.Close, "Connection: close")
+			if tc.allowHead {
+				assert.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
+			}
+		})
+	}
 }
