@@ -177,6 +177,8 @@ type Config struct {
 
 	// prober is the Prober built from Probe by setDefaults, nil if none.
 	prober *endpoint.Prober
+	// health holds limits of the health server that tests shorten.
+	health healthLimits
 }
 
 func (c *Config) setDefaults() error {
@@ -217,6 +219,7 @@ func (c *Config) setDefaults() error {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
+	c.health.setDefaults()
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("localproxy: DrainTimeout %v must not be negative", c.DrainTimeout)
 	}

@@ -30,3 +30,7 @@ func (p *Proxy) CopyEnds() []CopyEnds {
 
 // Liveness is what /healthz answers now: nil for 200.
 func (p *Proxy) Liveness() error { return p.live(time.Now()) }
+
+// SetHealthReadHeaderTimeout sets how long the health server waits for a
+// request's headers, instead of its default.
+func SetHealthReadHeaderTimeout(c *Config, d time.Duration) { c.health.readHeaderTimeout = d }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -78,4 +79,43 @@ func TestIdleConnectionHoldsNoPipe(t *testing.T) {
 	for _, c := range conns {
 		require.NoError(t, roundTrip(c, "still there"))
 	}
+}
+
+// connsOnPort counts this process's descriptors that are TCP connections
+// (listeners apart) with the local port port: on a server's port, the
+// connections it holds open. ok is false if /proc cannot tell.
+func connsOnPort(t *testing.T, port int) (n int, ok bool) {
+	t.Helper()
+	// /proc/net/tcp{,6}: "sl local_address rem_address st ... inode"
+	// with addresses as hex "ADDR:PORT" and st 0A for LISTEN.
+	onPort := make(map[string]bool) // "socket:[inode]"
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if os.IsNotExist(err) && f == "/proc/net/tcp6" {
+			continue // no IPv6
+		}
+		if err != nil {
+			return 0, false
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) < 10 || fields[3] == "0A" {
+				continue
+			}
+			_, hexPort, _ := strings.Cut(fields[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(p) == port {
+				onPort["socket:["+fields[9]+"]"] = true
+			}
+		}
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && onPort[l] {
+			n++
+		}
+	}
+	return n, true
 }

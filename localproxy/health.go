@@ -9,9 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -106,7 +104,7 @@ func (p *Proxy) live(startedAt time.Time) error {
 }
 
 // newHealthServer serves /healthz, /readyz, /metrics and /status, GET and
-// HEAD only.
+// HEAD only, with the timeouts and sizes of healthcap.go.
 func (p *Proxy) newHealthServer() *http.Server {
 	startedAt := time.Now()
 	mux := http.NewServeMux()
@@ -135,22 +133,29 @@ func (p *Proxy) newHealthServer() *http.Server {
 		enc.Encode(p.Status())
 	})
 	return &http.Server{
-		Handler:           onlyGetHead(mux),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       time.Minute,
-		ErrorLog:          nil,
+		Handler:           healthRequests(mux),
+		ReadHeaderTimeout: p.cfg.health.readHeaderTimeout,
+		ReadTimeout:       healthReadTimeout,
+		WriteTimeout:      healthWriteTimeout,
+		IdleTimeout:       healthIdleTimeout,
+		MaxHeaderBytes:    healthMaxHeaderBytes,
+		// "OPTIONS *" goes to healthRequests (405) too, instead of
+		// net/http's answer, which reads the request body.
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     nil,
 	}
 }
 
-// maxHealthConns bounds the health server's open connections: kubelet's
-// probes and a scraper need a few.
-const maxHealthConns = 32
-
-// onlyGetHead answers 405 with an Allow header to other methods.
-func onlyGetHead(h http.Handler) http.Handler {
+// healthRequests answers 405 with an Allow header to methods other than
+// GET and HEAD, and reads no request body: a request that has one
+// (nothing served here wants it) is answered and its connection closed,
+// where net/http would read up to 256 KiB of it first to keep the
+// connection.
+func healthRequests(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			w.Header().Set("Connection", "close")
+		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
@@ -161,19 +166,19 @@ func onlyGetHead(h http.Handler) http.Handler {
 }
 
 // serveHealth serves srv on ln until ctx is done, then shuts it down.
-func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log logr.Logger) {
-	// A local process must not exhaust the proxy's file descriptors
-	// through the health port: beyond maxHealthConns, connections wait
-	// in the listen backlog; idle ones are closed by the server's
-	// timeouts.
-	ln = netutil.LimitListener(ln, maxHealthConns)
+// A local process must not exhaust the proxy's file descriptors through
+// the health port: beyond the cap (HealthMaxConnections), connections are
+// closed as soon as they are accepted; those within it are closed by the
+// server's timeouts when they dawdle.
+func (p *Proxy) serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) {
+	ln = newCapListener(ln, HealthMaxConnections, p.m.healthActive, p.m.healthRejected, p.log)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
-			log.Error(err, "health server stopped")
+			p.log.Error(err, "health server stopped")
 		}
 		return
 	}

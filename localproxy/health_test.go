@@ -304,39 +304,3 @@ func TestHealthzOKWhileEveryEndpointIsQuarantined(t *testing.T) {
 	assert.Never(t, func() bool { return !hz.is(http.StatusOK, "ok")() }, 3*time.Second, 20*time.Millisecond, "last /healthz: %v", hz)
 	assert.Equal(t, int64(1), calls.Load(), "the quarantined endpoint waits for its re-probe")
 }
-
-// A local process that opens many connections to the health port and
-// leaves them idle holds only a bounded number of the proxy's file
-// descriptors; once they are gone the health server answers again.
-func TestHealthServerConnectionsBounded(t *testing.T) {
-	echo := newEcho(t)
-	r := start(t, localproxy.Config{
-		Endpoints:     []string{echo.addr()},
-		HealthAddress: "127.0.0.1:0",
-		Pool:          upstream.Config{Prober: newProber()},
-	})
-	const clients = 200
-	openFDs := func() int {
-		ents, err := os.ReadDir("/proc/self/fd")
-		require.NoError(t, err)
-		return len(ents)
-	}
-	before := openFDs()
-	var conns []net.Conn
-	for range clients {
-		c, err := net.Dial("tcp", r.HealthAddr().String())
-		require.NoError(t, err)
-		conns = append(conns, c)
-	}
-	// The server side accepts in the background: give it time to take
-	// all it would.
-	time.Sleep(200 * time.Millisecond)
-	grown := openFDs() - before
-	t.Logf("%d idle connections to the health port: %d more file descriptors in the process (theirs included)", clients, grown)
-	assert.LessOrEqual(t, grown, clients+32+8, "the health server accepted without bound")
-	for _, c := range conns {
-		c.Close()
-	}
-	resp, body := httpGet(t, http.MethodGet, "http://"+r.HealthAddr().String()+"/healthz")
-	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
-}

@@ -184,8 +184,18 @@ func testLogger(t testing.TB) logr.Logger {
 // summed over series matching them.
 func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, err := metricValue(reg, name, labels...)
 	require.NoError(t, err)
+	return v
+}
+
+// metricValue is metric for conditions polled on another goroutine
+// (require.Eventually): it returns the error instead of failing the test.
+func metricValue(reg *prometheus.Registry, name string, labels ...string) (float64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
 	var sum float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
@@ -208,7 +218,7 @@ func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...strin
 			}
 		}
 	}
-	return sum
+	return sum, nil
 }
 
 func hasLabel(m *dto.Metric, name, value string) bool {

@@ -1,6 +1,7 @@
 package localproxy
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,7 +22,11 @@ type metrics struct {
 	closed       *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
 	silent       prometheus.Counter
-	endpoints    *endpoint.EndpointSeries // of dials and dialDuration
+	// healthActive and healthRejected count the health server's
+	// connections.
+	healthActive   prometheus.Gauge
+	healthRejected prometheus.Counter
+	endpoints      *endpoint.EndpointSeries // of dials and dialDuration
 }
 
 // newMetrics registers the proxy's collectors and the pool's endpoint
@@ -70,8 +75,16 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Namespace: ns, Subsystem: sub, Name: "silent_upstream_connections_total",
 			Help: "Upstream connections that sent no byte within their first-byte deadline after the client's first bytes, or were reset before their first byte. Two within 2s make the endpoint suspect.",
 		}),
+		healthActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "health_connections_active",
+			Help: "Connections to the health, metrics and status server open now.",
+		}),
+		healthRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "health_connections_rejected_total",
+			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open.", HealthMaxConnections),
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, endpoint.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

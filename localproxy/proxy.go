@@ -165,7 +165,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	if hln != nil {
 		hs := p.newHealthServer()
-		bg.Go(func() { serveHealth(runCtx, hs, hln, p.log) })
+		bg.Go(func() { p.serveHealth(runCtx, hs, hln) })
 	}
 	if p.cfg.IdleTimeout > 0 && idleSupported {
 		bg.Go(func() { p.reapIdle(runCtx) })

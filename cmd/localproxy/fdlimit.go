@@ -4,18 +4,23 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/apifailover/apifailover/localproxy"
 )
 
 // File descriptors localproxy needs: fdsPerConn per client connection
 // (the client's socket and the upstream's; a connection takes a kernel
 // pipe, two more, only while bytes are being spliced, and a splice that
 // finds no descriptor left copies through a buffer instead: the third is
-// room for a pipe on every other connection at once), and fdsReserve for
-// listeners, the health server (at most 32 connections), probes,
-// discovery, the state file and the runtime.
+// room for a pipe on every other connection at once), and fdsReserve
+// besides: the health server's connections (one each, at most
+// localproxy.HealthMaxConnections; it closes more at once) and fdsOther
+// for listeners (a connection the health server is turning away
+// included), probes, discovery, the state file and the runtime.
 const (
 	fdsPerConn = 3
-	fdsReserve = 128
+	fdsOther   = 96
+	fdsReserve = localproxy.HealthMaxConnections + fdsOther
 )
 
 // fileLimit returns the process's file descriptor limit (RLIMIT_NOFILE;

@@ -1,0 +1,209 @@
+package localproxy_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+const (
+	healthActive   = "apifailover_localproxy_health_connections_active"
+	healthRejected = "apifailover_localproxy_health_connections_rejected_total"
+)
+
+// metricIs is a condition for require.Eventually: the metric name has the
+// value want.
+func metricIs(r *running, name string, want float64) func() bool {
+	return func() bool {
+		v, err := metricValue(r.reg, name)
+		return err == nil && v == want
+	}
+}
+
+// startWithHealth runs a proxy with a health server, to one echo
+// upstream, its health server waiting readHeaderTimeout for request
+// headers (0: the default).
+func startWithHealth(t *testing.T, readHeaderTimeout time.Duration) *running {
+	cfg := localproxy.Config{
+		Endpoints:     []string{newEcho(t).addr()},
+		HealthAddress: "127.0.0.1:0",
+		Pool:          upstream.Config{Prober: newProber()},
+	}
+	localproxy.SetHealthReadHeaderTimeout(&cfg, readHeaderTimeout)
+	return start(t, cfg)
+}
+
+// A local process that opens many more connections to the health port
+// than it holds, and keeps them open, gets HealthMaxConnections of them;
+// the others are closed as soon as they are accepted, so the proxy's
+// descriptors stay bounded, a new health client fails at once instead of
+// waiting, and the data path carries new clients. Once the holders go,
+// /healthz answers again.
+func TestHealthServerCapsConnections(t *testing.T) {
+	// Connections that send nothing stay until the test closes them.
+	r := startWithHealth(t, time.Hour)
+	haddr := r.HealthAddr().String()
+	const max = localproxy.HealthMaxConnections
+	const clients = 4 * max
+	fds0, _ := os.ReadDir("/proc/self/fd")
+
+	holders := make([]net.Conn, 0, clients)
+	closeHolders := func() {
+		for _, c := range holders {
+			c.Close()
+		}
+	}
+	t.Cleanup(closeHolders)
+	for range clients {
+		c, err := net.DialTimeout("tcp", haddr, 10*time.Second)
+		require.NoError(t, err)
+		holders = append(holders, c)
+	}
+	require.Eventually(t, metricIs(r, healthRejected, clients-max), 10*time.Second, 5*time.Millisecond,
+		"connections beyond the cap closed; rejected %v, active %v", metric(t, r.reg, healthRejected), metric(t, r.reg, healthActive))
+	assert.Equal(t, float64(max), metric(t, r.reg, healthActive))
+	if n, ok := connsOnPort(t, r.HealthAddr().(*net.TCPAddr).Port); ok {
+		assert.Equal(t, max, n, "connections the proxy holds open on the health port")
+	}
+	if fds, err := os.ReadDir("/proc/self/fd"); err == nil && fds0 != nil {
+		// The test's own sockets (clients) are in the count.
+		t.Logf("%d connections to the health port held: %d more descriptors in the process, %d of them the test's", clients, len(fds)-len(fds0), clients)
+		assert.LessOrEqual(t, len(fds)-len(fds0), clients+max+8)
+	}
+	closed := 0
+	for _, c := range holders {
+		if closedByPeer(c) {
+			closed++
+		}
+	}
+	assert.Equal(t, clients-max, closed, "holders whose connection the proxy closed")
+
+	hc := &http.Client{Timeout: 10 * time.Second}
+	_, err := hc.Get("http://" + haddr + "/healthz")
+	require.Error(t, err, "a health client beyond the cap is served")
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "a health client beyond the cap waits instead of being turned away: %v", err)
+	require.NoError(t, roundTrip(dial(t, r.addr()), "the data path serves while the health port is full"))
+
+	closeHolders()
+	hz := newHealthz(r)
+	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	// The poll's kept-alive connection may hold one.
+	require.Eventually(t, func() bool { v, err := metricValue(r.reg, healthActive); return err == nil && v <= 1 },
+		10*time.Second, 5*time.Millisecond, "the holders' connections are given back")
+}
+
+// A client that sends its request headers a byte at a time, each in good
+// time for any per-read timeout (slowloris), is disconnected once the
+// health server's ReadHeaderTimeout has passed since it connected, before
+// its headers are complete.
+func TestHealthServerCutsSlowHeaders(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	r := startWithHealth(t, timeout)
+	c := dial(t, r.HealthAddr().String())
+	req := "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nX-Slow: " + strings.Repeat("x", 200) + "\r\n\r\n"
+
+	type answer struct {
+		data string
+		err  error
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		b, err := io.ReadAll(c) // until the server closes the connection
+		answers <- answer{string(b), err}
+	}()
+	const every = 100 * time.Millisecond
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	sent := 0
+	var got answer
+send:
+	for sent < len(req) {
+		select {
+		case got = <-answers:
+			break send
+		case <-tick.C:
+			if _, err := c.Write([]byte{req[sent]}); err != nil {
+				got = <-answers
+				break send
+			}
+			sent++
+		}
+	}
+	require.Less(t, sent, len(req), "the server waited for all the headers, a byte every %v", every)
+	t.Logf("disconnected after %d of %d bytes, one every %v (ReadHeaderTimeout %v): %q, %v", sent, len(req), every, timeout, got.data, got.err)
+	assert.NotContains(t, got.data, "200 OK")
+	require.Eventually(t, metricIs(r, healthActive, 0), 10*time.Second, 5*time.Millisecond, "the connection is given back")
+}
+
+// What the health server reads of a request is bounded: headers up to 8
+// KiB (and net/http's 4 KiB of slack), and no body: a request with one
+// is answered without reading it, and its connection closed. "OPTIONS *"
+// is refused like every method but GET and HEAD.
+func TestHealthServerRequestLimits(t *testing.T) {
+	r := startWithHealth(t, 0)
+	for _, tc := range []struct {
+		name      string
+		req       string
+		code      int
+		close     bool
+		allowHead bool
+	}{
+		{
+			name: "bearer token sized headers",
+			req:  "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nAuthorization: Bearer " + strings.Repeat("t", 2048) + "\r\n\r\n",
+			code: http.StatusOK,
+		},
+		{
+			name:  "headers beyond the limit",
+			req:   "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nX-Big: " + strings.Repeat("x", 16<<10) + "\r\n\r\n",
+			code:  http.StatusRequestHeaderFieldsTooLarge,
+			close: true,
+		},
+		{
+			name:  "GET with a body not sent",
+			req:   "GET /healthz HTTP/1.1\r\nHost: localproxy\r\nContent-Length: 100000\r\n\r\n",
+			code:  http.StatusOK,
+			close: true,
+		},
+		{
+			name:  "POST with a chunked body, unfinished",
+			req:   "POST /healthz HTTP/1.1\r\nHost: localproxy\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + strings.Repeat("b", 100),
+			code:  http.StatusMethodNotAllowed,
+			close: true, allowHead: true,
+		},
+		{
+			name:      "OPTIONS *",
+			req:       "OPTIONS * HTTP/1.1\r\nHost: localproxy\r\n\r\n",
+			code:      http.StatusMethodNotAllowed,
+			allowHead: true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, r.HealthAddr().String())
+			require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+			_, err := io.WriteString(c, tc.req)
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, tc.code, resp.StatusCode)
+			assert.Equal(t, tc.close, resp.Close, "Connection: close")
+			if tc.allowHead {
+				assert.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
+			}
+		})
+	}
+}
