@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -300,6 +301,28 @@ func TestKubeconfigInPlace(t *testing.T) {
 	backups, err = filepath.Glob(filepath.Join(dir, "kubelet.conf.*.bak"))
 	require.NoError(t, err)
 	assert.Len(t, backups, 1)
+}
+
+// Root rewriting another user's kubeconfig leaves it, and the backup,
+// that user's.
+func TestKubeconfigInPlaceKeepsOwner(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give the file another owner")
+	}
+	dir := t.TempDir()
+	path := writeKubeconfig(t, dir, "config", kubeconfigYAML("k", map[string]string{"k": "{server: 'https://api.example.com'}"}, ""))
+	require.NoError(t, os.Chown(path, 4321, 4322))
+	code, _, stderr := runKubeconfig(t, env(), "--kubeconfig="+path, "--in-place")
+	require.Equal(t, main.ExitOK, code, "stderr: %s", stderr)
+	backups, err := filepath.Glob(path + ".*.bak")
+	require.NoError(t, err)
+	require.Len(t, backups, 1)
+	for _, p := range []string{path, backups[0]} {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		assert.Equal(t, [2]uint32{4321, 4322}, [2]uint32{st.Uid, st.Gid}, "owner of %s", p)
+	}
 }
 
 // An existing backup is never overwritten: the file stays as it is.
