@@ -42,3 +42,7 @@ var (
 	FileLimitError = fileLimitError
 	MaxConnsFor    = maxConnsFor
 )
+
+// ReplaceFile is "localproxy kubeconfig --in-place"'s write, with the
+// backup named after now.
+var ReplaceFile = replaceFile

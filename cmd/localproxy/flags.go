@@ -93,8 +93,11 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n\n"+
+		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n"+
+			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n\n"+
 			"A node-local TCP proxy on 127.0.0.1:7445 failing over across Kubernetes API servers.\n"+
+			"'localproxy status' prints a running proxy's endpoints and their health; 'localproxy kubeconfig'\n"+
+			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its -help).\n"+
 			"Every flag can also be set with the environment variable %s<FLAG_NAME> (e.g. %s); the flag wins.\n\nFlags:\n", envPrefix, envName("bind-port"))
 		fs.PrintDefaults()
 	}
@@ -157,7 +160,10 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 		return usagef("%v", err)
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (flags only; the only subcommand is status, given first)", fs.Arg(0))
+		if fs.Name() == "localproxy" {
+			return usagef("unexpected argument %q (flags only; the subcommands, status and kubeconfig, are given first)", fs.Arg(0))
+		}
+		return usagef("unexpected argument %q; %s takes flags only (see '%s -help')", fs.Arg(0), fs.Name(), fs.Name())
 	}
 	o.from = make(map[string]string)
 	fs.Visit(func(f *flag.Flag) { o.from[f.Name] = "--" + f.Name })

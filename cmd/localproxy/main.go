@@ -7,7 +7,8 @@
 // Flags are also read from LOCALPROXY_* environment variables (the flag
 // wins). Invalid values exit with code 2 and a message naming the flag or
 // variable, the value and what is allowed. "localproxy status" prints the
-// /status of a running proxy as a table.
+// /status of a running proxy as a table; "localproxy kubeconfig" rewrites
+// a kubeconfig to go through the proxy.
 package main
 
 import (
@@ -46,8 +47,13 @@ const (
 
 // run is the whole program, minus the process: it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "status" {
-		return runStatus(ctx, args[1:], getenv, stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return runStatus(ctx, args[1:], getenv, stdout, stderr)
+		case "kubeconfig":
+			return runKubeconfig(args[1:], getenv, stdout, stderr)
+		}
 	}
 	var o options
 	fs := newFlagSet(&o, stderr)

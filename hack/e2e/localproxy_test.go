@@ -21,8 +21,9 @@ import (
 
 // TestLocalProxy runs real clients and the real deployment files against
 // localproxy on one test bed: kubectl through the in-process proxy under
-// faults, the manifests through the apiserver's dry run, and the
-// cmd/localproxy binary started by hand.
+// faults, the manifests through the apiserver's dry run, the
+// cmd/localproxy binary started by hand, and a user's kubeconfig
+// rewritten by "localproxy kubeconfig".
 func TestLocalProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -30,6 +31,7 @@ func TestLocalProxy(t *testing.T) {
 	t.Run("kubectl-under-faults", func(t *testing.T) { testKubectlUnderFaults(t, ctx, bed) })
 	t.Run("deploy-dry-run", func(t *testing.T) { testDeployDryRun(t, ctx, bed) })
 	t.Run("binary", func(t *testing.T) { testBinary(t, ctx, bed) })
+	t.Run("kubeconfig", func(t *testing.T) { testKubeconfigSubcommand(t, ctx, bed) })
 }
 
 // kubectlAt runs the bed's kubectl with kubeconfig, bounded by 20 s.
@@ -197,17 +199,8 @@ func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 			t.Errorf("heal: %v", err)
 		}
 	})
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "localproxy")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/localproxy")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/localproxy: %v\n%s", err, out)
-	}
+	bin := buildLocalProxy(t, ctx, dir)
 
 	discoveryKubeconfig := filepath.Join(dir, "discovery.kubeconfig")
 	if err := bed.WriteKubeconfig(discoveryKubeconfig, testbed.Origin, testbed.LocalProxyIdentity); err != nil {
@@ -323,6 +316,22 @@ func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 	if err := stop(); err != nil {
 		t.Errorf("localproxy after SIGTERM: %v", err)
 	}
+}
+
+// buildLocalProxy builds cmd/localproxy into dir and returns the binary.
+func buildLocalProxy(t *testing.T, ctx context.Context, dir string) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "localproxy")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/localproxy")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/localproxy: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // lineHas reports whether a line of table holds every one of words as a
