@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -549,4 +550,23 @@ func TestWrapRejectsBadInput(t *testing.T) {
 			assert.True(t, strings.Contains(err.Error(), tc.want), "error %q does not mention %q", err, tc.want)
 		})
 	}
+}
+
+// With held probes (the default) the request connections are pinged after
+// 5s without a frame, not every second: the held connections watch the
+// servers. Other probe modes keep 1s; an explicit PingInterval wins.
+func TestRequestPingInterval(t *testing.T) {
+	c := newCluster(t, 1)
+	for _, tc := range []struct {
+		opts transport.Options
+		want time.Duration
+	}{
+		{transport.Options{}, transport.DefaultPingIntervalHeld},
+		{transport.Options{Probe: endpoint.ProbeReadyz}, transport.DefaultPingInterval},
+		{transport.Options{PingInterval: 3 * time.Second}, 3 * time.Second},
+	} {
+		f := wrap(t, c, tc.opts)
+		assert.Equal(t, tc.want, transport.RequestPingInterval(f), "probe %q", tc.opts.Probe)
+	}
+	assert.Equal(t, 5*time.Second, transport.DefaultPingIntervalHeld)
 }

@@ -23,7 +23,13 @@ import (
 
 // Defaults for Options fields left zero.
 const (
-	DefaultPingInterval          = time.Second
+	DefaultPingInterval = time.Second
+	// DefaultPingIntervalHeld is PingInterval's default with held probes
+	// (endpoint.ProbeHeld): their PINGs watch each server, and close its
+	// request connections when it stops answering; the request
+	// connections' own PINGs are left to catch one connection that dies
+	// alone, at the held connections' idle pace.
+	DefaultPingIntervalHeld      = endpoint.DefaultIdlePingInterval
 	DefaultPingTimeout           = time.Second
 	DefaultDiscoveryPollInterval = endpoint.DefaultDiscoveryPollInterval
 )
@@ -91,11 +97,16 @@ type Options struct {
 	// DialTimeout bounds a whole connection setup across endpoints. If
 	// zero, 10s.
 	DialTimeout time.Duration
-	// PingInterval is how long an HTTP/2 connection may go without a frame
-	// from the server before it is pinged; PingTimeout is how long the ping
-	// may go unanswered before the connection is closed. client-go's
-	// defaults (30s + 15s) leave a watch on a blackholed server hanging for
-	// 45s. If zero, 1s and 1s: a dead connection is closed within 2s.
+	// PingInterval is how long an HTTP/2 request connection may go
+	// without a frame from the server before it is pinged; PingTimeout is
+	// how long the ping may go unanswered before the connection is
+	// closed. client-go's defaults (30s + 15s) leave a watch on a
+	// blackholed server hanging for 45s. If zero, 1s and 1s (a dead
+	// connection is closed within 2s), and with held probes (the
+	// default) 5s and 1s: the held connection's PINGs catch a server that
+	// stops answering and close its request connections, and a PING
+	// every second on each idle request connection would cost the server
+	// about half a millisecond of CPU each (README, Benchmarks).
 	PingInterval, PingTimeout time.Duration
 	// MaxAttempts bounds the endpoints one request may be sent to. If zero,
 	// DefaultMaxAttempts (3).
@@ -269,7 +280,11 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 	f.proxied = proxied(cfg, u)
 	runCtx, cancel := context.WithCancel(ctx)
 	f.cancel = cancel
-	ht := newHTTPTransport(tlsCfg.Clone(), endpoint.OrDefault(opts.PingInterval, DefaultPingInterval), endpoint.OrDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
+	ping := DefaultPingInterval
+	if mode == endpoint.ProbeHeld {
+		ping = DefaultPingIntervalHeld
+	}
+	ht := newHTTPTransport(tlsCfg.Clone(), endpoint.OrDefault(opts.PingInterval, ping), endpoint.OrDefault(opts.PingTimeout, DefaultPingTimeout), cfg.DisableCompression)
 	f.conns = newConnPool(runCtx, f.pool, f.dialer, ht, origin, opts.GracefulDrainTimeout, opts.Logger, m, prober)
 	unsubscribe := f.pool.Subscribe(f.conns.onEvent)
 
