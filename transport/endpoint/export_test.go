@@ -27,19 +27,20 @@ func RunPingLoop(ctx context.Context, interval, seed time.Duration, ping func(co
 // PingLoopHooks are a PING schedule's parameters and what it tells, for
 // RunPingLoopWith.
 type PingLoopHooks struct {
-	Interval, IdleInterval, Seed time.Duration
-	Busy                         func() bool
-	Wake                         <-chan struct{}
-	Ping                         func(context.Context) error
-	Lost                         <-chan struct{}
-	Late                         func(error)
-	Answered                     func()
-	GoingAway                    func() bool
+	Interval, IdleInterval, UnusedInterval, Seed time.Duration
+	InUse                                        func() bool
+	Busy                                         func() bool
+	Wake                                         <-chan struct{}
+	Ping                                         func(context.Context) error
+	Lost                                         <-chan struct{}
+	Late                                         func(error)
+	Answered                                     func()
+	GoingAway                                    func() bool
 }
 
 // RunPingLoopWith runs a PING schedule as RunPingLoop does, with h.
 func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, error) {
-	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, busy: h.Busy, wake: h.Wake, ping: h.Ping, lost: h.Lost,
+	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, inUse: h.InUse, wake: h.Wake, ping: h.Ping, lost: h.Lost,
 		lostErr: func() error { return errLost }, late: h.Late, answered: h.Answered, goingAway: h.GoingAway}
 	l.rtt.Sample(h.Seed)
 	return l.run(ctx)

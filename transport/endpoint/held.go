@@ -26,8 +26,17 @@ const (
 	// in use (Prober.InUse) is PINGed.
 	DefaultPingInterval = 250 * time.Millisecond
 	// DefaultIdlePingInterval is how often a held connection to an
-	// endpoint not in use is PINGed.
+	// endpoint that carries connections, none of them waiting for an
+	// answer, is PINGed.
 	DefaultIdlePingInterval = 5 * time.Second
+	// unusedPingFactor: the held connection of an endpoint that carries
+	// no connection is PINGed this many times less often
+	// (DefaultUnusedPingInterval, 15s, by default).
+	unusedPingFactor = 3
+	// DefaultUnusedPingInterval is how often a held connection to an
+	// endpoint that carries no connection is PINGed, with the default
+	// IdlePingInterval.
+	DefaultUnusedPingInterval = unusedPingFactor * DefaultIdlePingInterval
 	// DefaultReadyzInterval is how often GET /readyz is sent over a held
 	// connection, whose PINGs are answered, to an endpoint in use.
 	DefaultReadyzInterval = 10 * time.Second
@@ -487,9 +496,11 @@ func (p *Prober) watchHeld(c *heldConn) {
 	l := &pingLoop{
 		interval:     OrDefault(p.PingInterval, DefaultPingInterval),
 		idleInterval: OrDefault(p.IdlePingInterval, DefaultIdlePingInterval),
-		ping:         c.cc.Ping,
-		lost:         c.w.lost,
-		lostErr:      c.w.lostErr,
+		unusedInterval: OrDefault(p.UnusedPingInterval,
+			unusedPingFactor*OrDefault(p.IdlePingInterval, DefaultIdlePingInterval)),
+		ping:    c.cc.Ping,
+		lost:    c.w.lost,
+		lostErr: c.w.lostErr,
 		acked: func(t time.Time, srtt time.Duration) {
 			c.lastAck.Store(t.UnixNano())
 			c.srtt.Store(int64(srtt))
@@ -521,6 +532,9 @@ func (p *Prober) watchHeld(c *heldConn) {
 	if busy != nil {
 		l.busy = func() bool { return busy(addr) }
 		l.wake = c.h.wake
+	}
+	if p.InUse != nil {
+		l.inUse = func() bool { return p.InUse(addr) }
 	}
 	l.rtt.Sample(c.connect)
 	p.Logger.V(2).Info("held connection opened", "addr", addr, "connect", c.connect)
@@ -557,9 +571,10 @@ func (p *Prober) watchHeld(c *heldConn) {
 type pingLoop struct {
 	// interval is the time between PINGs while busy (if set) says the
 	// endpoint has requests waiting for an answer, or with no busy;
-	// idleInterval otherwise.
-	interval, idleInterval time.Duration
-	busy                   func() bool
+	// idleInterval otherwise, and unusedInterval while inUse (if set)
+	// says it carries no connection at all.
+	interval, idleInterval, unusedInterval time.Duration
+	busy, inUse                            func() bool
 	// wake, if set, is signalled when a request was just sent: a PING
 	// goes at once, or interval after the last one.
 	wake <-chan struct{}
@@ -591,7 +606,8 @@ type pingLoop struct {
 // lost or the server sent GOAWAY (the failure to report is returned), or
 // ctx is done or stop says so (zero). While the endpoint is busy (or with
 // no busy) a PING goes every interval (±10%) after the last answer,
-// otherwise every idleInterval; a wake during an idle wait brings the
+// otherwise every idleInterval (unusedInterval with no connection); a
+// wake during an idle wait brings the
 // next PING forward to interval after the last one (at once if that has
 // passed). Each PING has two deadlines: the timeout of rtt, past which it
 // is reported late (see late), and a confirmation timeout past which the
@@ -632,10 +648,13 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 // next is the wait until the next PING; it sets idle.
 func (l *pingLoop) next() time.Duration {
 	l.idle = l.busy != nil && !l.busy()
-	if l.idle {
-		return spread(max(l.idleInterval, l.interval))
+	switch {
+	case !l.idle:
+		return spread(l.interval)
+	case l.inUse != nil && !l.inUse():
+		return spread(max(l.unusedInterval, l.idleInterval, l.interval))
 	}
-	return spread(l.interval)
+	return spread(max(l.idleInterval, l.interval))
 }
 
 // pingOnce sends one PING and waits for its answer: past the timeout of

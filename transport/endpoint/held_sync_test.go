@@ -164,6 +164,28 @@ func TestPingLoopBusy(t *testing.T) {
 	})
 }
 
+// An endpoint that carries no connection at all is PINGed every
+// UnusedInterval; one that carries connections, none waiting, every
+// IdleInterval.
+func TestPingLoopUnused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			inUse bool
+			want  int
+		}{{false, 2}, {true, 6}} {
+			n := 0
+			ctx, cancel := context.WithTimeout(t.Context(), 31*time.Second)
+			endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+				Interval: 250 * time.Millisecond, IdleInterval: 5 * time.Second, UnusedInterval: 15 * time.Second,
+				Seed: time.Millisecond, Busy: func() bool { return false }, InUse: func() bool { return tc.inUse },
+				Ping: func(context.Context) error { n++; return nil },
+			})
+			cancel()
+			assert.InDelta(t, tc.want, n, 1, "in use %v: PINGs in 31s", tc.inUse)
+		}
+	})
+}
+
 // A wake of an endpoint whose request is answered before the PING: one
 // PING, then the idle schedule again.
 func TestPingLoopWakeAnswered(t *testing.T) {

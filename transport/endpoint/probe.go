@@ -37,8 +37,9 @@ const (
 	// ProbeHeld (the default): one HTTP/2 connection per endpoint held
 	// open (verified as ProbeReadyz verifies), so that only its first
 	// probe costs the server a TLS handshake. PINGs watch it (every
-	// PingInterval while the endpoint is in use, every IdlePingInterval
-	// otherwise); a PING unanswered past its timeout, past its
+	// PingInterval while a request to the endpoint waits for its answer,
+	// every IdlePingInterval while it carries connections, every
+	// UnusedPingInterval otherwise); a PING unanswered past its timeout, past its
 	// confirmation, or the connection's loss is reported to Reporter at
 	// once. GET /readyz goes over it every ReadyzInterval, the probes in
 	// between take the answered PINGs' word: the server's CPU a probe
@@ -93,9 +94,13 @@ type Prober struct {
 	// (250ms).
 	PingInterval time.Duration
 	// IdlePingInterval is how often ProbeHeld PINGs the held connection
-	// of an endpoint not in use. If zero, DefaultIdlePingInterval (5s);
-	// never more often than PingInterval.
+	// of an endpoint that is not busy (see Busy) but carries connections
+	// (see InUse). If zero, DefaultIdlePingInterval (5s); never more
+	// often than PingInterval.
 	IdlePingInterval time.Duration
+	// UnusedPingInterval is the same for an endpoint that carries no
+	// connection. If zero, 3 × IdlePingInterval (15s by default).
+	UnusedPingInterval time.Duration
 	// InUse, if set, reports whether addr carries connections: /readyz
 	// goes every ReadyzInterval to those, every IdleReadyzInterval to the
 	// others. If nil, every endpoint is in use.
@@ -259,7 +264,7 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 // connections.
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
-		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, IdlePingInterval: p.IdlePingInterval,
+		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, IdlePingInterval: p.IdlePingInterval, UnusedPingInterval: p.UnusedPingInterval,
 		InUse: p.InUse, Busy: p.Busy, ReadyzInterval: p.ReadyzInterval, IdleReadyzInterval: p.IdleReadyzInterval, Reporter: p.Reporter, files: p.files}
 }
 

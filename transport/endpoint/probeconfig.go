@@ -87,15 +87,21 @@ type ProbeConfig struct {
 	// Logger receives the reloads of those files and their failures. The
 	// zero value discards.
 	Logger logr.Logger
-	// PingInterval is how often ProbeHeld sends a PING on each held
-	// connection. If zero, DefaultPingInterval (250ms). The Prober's
+	// PingInterval is how often ProbeHeld sends a PING on the held
+	// connection of an endpoint with a request waiting for its answer (see
+	// Prober.Busy, which the front end's Registry sets). If zero,
+	// DefaultPingInterval (250ms). The Prober's
 	// Reporter, which receives what the PINGs find, is set once the pool
 	// exists.
 	PingInterval time.Duration
 	// IdlePingInterval is how often ProbeHeld PINGs the held connection
-	// of an endpoint not in use (see Prober.InUse, which the front end
-	// sets). If zero, DefaultIdlePingInterval (5s).
+	// of an endpoint that carries connections, none waiting for an
+	// answer. If zero, DefaultIdlePingInterval (5s).
 	IdlePingInterval time.Duration
+	// UnusedPingInterval is how often ProbeHeld PINGs the held connection
+	// of an endpoint that carries no connection. If zero, 3 ×
+	// IdlePingInterval (15s).
+	UnusedPingInterval time.Duration
 	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
 	// held connection whose PINGs are answered, to an endpoint in use. If
 	// zero, DefaultReadyzInterval (10s).
@@ -129,7 +135,7 @@ func NewProber(c ProbeConfig) (*Prober, error) {
 		return nil, &ProbeConfigError{Field: "Mode", Err: err}
 	}
 	p := &Prober{Mode: mode, DialContext: c.DialContext, TLSReloadInterval: c.TLSReloadInterval, Logger: c.Logger,
-		PingInterval: c.PingInterval, IdlePingInterval: c.IdlePingInterval, ReadyzInterval: c.ReadyzInterval,
+		PingInterval: c.PingInterval, IdlePingInterval: c.IdlePingInterval, UnusedPingInterval: c.UnusedPingInterval, ReadyzInterval: c.ReadyzInterval,
 		IdleReadyzInterval: c.IdleReadyzInterval}
 	if mode == ProbeTCP {
 		return p, nil
