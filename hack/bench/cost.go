@@ -623,13 +623,7 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 	client := http.Client{Timeout: time.Second}
 	var connect func() error
 	if conn {
-		connect = func() error {
-			var hosts []string
-			for i := range procs {
-				hosts = append(hosts, "https://127.0.0.1:"+strconv.Itoa(costLocalProxyPortBase+i))
-			}
-			return conns.open(e, hosts)
-		}
+		connect = func() error { return conns.openLocal(e, costLocalProxyPortBase, len(procs)) }
 	}
 	return &costGroup{
 		connect: connect,
@@ -767,13 +761,7 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s,
 	}
 	var connect func() error
 	if conn {
-		connect = func() error {
-			var hosts []string
-			for i := range procs {
-				hosts = append(hosts, "https://127.0.0.1:"+strconv.Itoa(costHAProxyPortBase+i))
-			}
-			return conns.open(e, hosts)
-		}
+		connect = func() error { return conns.openLocal(e, costHAProxyPortBase, len(procs)) }
 	}
 	return &costGroup{
 		connect: connect,
@@ -818,6 +806,16 @@ func (c *costConns) open(e *env, hosts []string) error {
 		}
 	}
 	return nil
+}
+
+// openLocal opens a connection to each of n proxies listening on
+// 127.0.0.1, ports base to base+n-1.
+func (c *costConns) openLocal(e *env, base, n int) error {
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = "https://127.0.0.1:" + strconv.Itoa(base+i)
+	}
+	return c.open(e, hosts)
 }
 
 func (c *costConns) close() {

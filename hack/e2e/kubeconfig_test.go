@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/apifailover/apifailover/hack/testbed"
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // testKubeconfigSubcommand: a kubeconfig as a user has it (the first
@@ -111,18 +110,7 @@ current-context: admin@testbed
 			t.Logf("proxy log:\n%s", logs.String())
 		}
 	})
-	e := &env{t: t, ctx: ctx, bed: bed}
-	if err := e.waitFor("every apiserver healthy in the proxy", observeLimit, func() bool {
-		st := p.Pool().Status()
-		for _, s := range st {
-			if s.State != upstream.StateHealthy {
-				return false
-			}
-		}
-		return len(st) == len(bed.APIServers())
-	}); err != nil {
-		t.Fatal(err)
-	}
+	waitProxyHealthy(t, ctx, bed, p)
 	const accepted = "apifailover_localproxy_connections_accepted_total"
 	through := func(what string) {
 		t.Helper()

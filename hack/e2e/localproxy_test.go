@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/apifailover/apifailover/hack/testbed"
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // TestLocalProxy runs real clients and the real deployment files against
@@ -99,18 +98,8 @@ func testKubectlUnderFaults(t *testing.T, ctx context.Context, bed *testbed.Bed)
 	if err := bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.Admin); err != nil {
 		t.Fatal(err)
 	}
+	waitProxyHealthy(t, ctx, bed, p)
 	e := &env{t: t, ctx: ctx, bed: bed}
-	if err := e.waitFor("every apiserver healthy in the proxy", observeLimit, func() bool {
-		st := p.Pool().Status()
-		for _, s := range st {
-			if s.State != upstream.StateHealthy {
-				return false
-			}
-		}
-		return len(st) == len(bed.APIServers())
-	}); err != nil {
-		t.Fatal(err)
-	}
 	const ns = "kubectl-localproxy"
 	if _, err := kubectlAt(ctx, bed, kubeconfig, "create", "namespace", ns); err != nil {
 		t.Fatal(err)

@@ -244,6 +244,23 @@ func probeMode(t *testing.T) endpoint.ProbeMode {
 // the bed's apiservers: readyz probes verified with the bed's CA and
 // origin name, discovery through the proxy as the localproxy identity. It
 // returns once the listeners are bound; cleanup stops it and waits.
+// waitProxyHealthy waits until p counts every apiserver of bed healthy.
+func waitProxyHealthy(t *testing.T, ctx context.Context, bed *testbed.Bed, p *localproxy.Proxy) {
+	t.Helper()
+	e := &env{t: t, ctx: ctx, bed: bed}
+	if err := e.waitFor("every apiserver healthy in the proxy", observeLimit, func() bool {
+		st := p.Pool().Status()
+		for _, s := range st {
+			if s.State != upstream.StateHealthy {
+				return false
+			}
+		}
+		return len(st) == len(bed.APIServers())
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger, o connectOptions) *localproxy.Proxy {
 	t.Helper()
 	var eps []string
