@@ -37,7 +37,6 @@ const (
 	costLocalProxyReadyz  = "localproxy-readyz"
 	costLocalProxyHeld    = "localproxy-held"
 	costLocalProxyConn    = "localproxy-held-conn"
-	costLocalProxyConn1s  = "localproxy-held-conn-ping-1s"
 	costHAProxyKubespray  = "haproxy-kubespray"
 	costHAProxyConn       = "haproxy-kubespray-conn"
 	costHAProxyInter1s    = "haproxy-inter-1s"
@@ -46,25 +45,24 @@ const (
 )
 
 // costContenders in the order they run, each between two baselines. The
-// -conn ones are the held defaults with one idle client connection open
-// through each client, as a kubelet's or a controller's watch keeps one:
-// the endpoint it is on is in use, its held connection PINGed every
-// 250ms.
+// -conn ones have one idle client connection open through each client,
+// as a kubelet's or a controller's quiet watch keeps one: the endpoint it
+// is on is in use (readyz every 10s, PINGs every 5s) but not busy (no
+// request waiting: no PINGs every 250ms).
 var costContenders = []string{
 	costTransportReadyz, costTransportHeld, costTransportHeldConn,
-	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn, costLocalProxyConn1s,
+	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn,
 	costHAProxyKubespray, costHAProxyConn, costHAProxyInter1s, costDirectConn,
 }
 
 // costDescriptions for the report.
 var costDescriptions = map[string]string{
 	costTransportReadyz:   "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second; the former default)",
-	costTransportHeld:     "transport.Wrap clients in the bench process, probe held (the default: one HTTP/2 connection per apiserver, GET /readyz every 10s, a PING every 5s as no request uses it)",
-	costTransportHeldConn: "as transport-held, each client with one idle HTTP/2 request connection open (one GET /version first): that apiserver's held connection is PINGed every 250ms, and the request connection every 1s (transport PingInterval)",
+	costTransportHeld:     "transport.Wrap clients in the bench process, probe held (the default: one HTTP/2 connection per apiserver; as no connection uses them, GET /readyz every 30s and a PING every 15s)",
+	costTransportHeldConn: "as transport-held, each client with one idle HTTP/2 request connection open (one GET /version first): that apiserver's held connection gets GET /readyz every 10s and a PING every 5s, and the request connection a PING after 5s without a frame (transport PingInterval with held probes)",
 	costLocalProxyReadyz:  "localproxy processes, --probe=readyz",
 	costLocalProxyHeld:    "localproxy processes, --probe=held (the default)",
 	costLocalProxyConn:    "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
-	costLocalProxyConn1s:  "as localproxy-held-conn with --probe-ping-interval=1s (not a default: what a slower PING costs)",
 	costHAProxyKubespray:  "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
 	costHAProxyConn:       "as haproxy-kubespray, each with one idle client-go connection through it (one GET /version first)",
 	costHAProxyInter1s:    "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
@@ -461,8 +459,6 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*cost
 		return startCostLocalProxies(ctx, e, dir, n, "held", false)
 	case costLocalProxyConn:
 		return startCostLocalProxies(ctx, e, dir, n, "held", true)
-	case costLocalProxyConn1s:
-		return startCostLocalProxies(ctx, e, dir, n, "held", true, "--probe-ping-interval=1s")
 	case costHAProxyKubespray:
 		return startCostHAProxies(ctx, e, dir, n, false, false)
 	case costHAProxyConn:
