@@ -263,6 +263,9 @@ func (c *Config) buildProber() error {
 		return fmt.Errorf("localproxy: %w", err)
 	}
 	c.prober, c.Pool.Prober = pr, pr
+	if c.Pool.QuietInterval == 0 {
+		c.Pool.QuietInterval = pr.QuietInterval()
+	}
 	return nil
 }
 

@@ -26,6 +26,10 @@ func TestConfigProbe(t *testing.T) {
 	require.NotNil(t, p.Prober())
 	assert.Equal(t, endpoint.ProbeTCP, p.Prober().Mode)
 	assert.Same(t, p.Prober(), p.Pool().Config().Prober)
+	assert.Zero(t, p.Pool().Config().QuietInterval, "tcp probes: every round checks")
+	p, err = localproxy.New(localproxy.Config{Endpoints: eps, Probe: &endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: "api.test"}})
+	require.NoError(t, err)
+	assert.Equal(t, endpoint.DefaultQuietInterval, p.Pool().Config().QuietInterval, "held probes report between rounds")
 
 	fake := newProber()
 	p, err = localproxy.New(localproxy.Config{Endpoints: eps, Pool: upstream.Config{Prober: fake}})

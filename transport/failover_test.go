@@ -554,7 +554,9 @@ func TestWrapRejectsBadInput(t *testing.T) {
 
 // With held probes (the default) the request connections are pinged after
 // 5s without a frame, not every second: the held connections watch the
-// servers. Other probe modes keep 1s; an explicit PingInterval wins.
+// servers. Other probe modes keep 1s; an explicit PingInterval wins. The
+// pool's rounds slow down to 5s while everything is healthy with held
+// probes only.
 func TestRequestPingInterval(t *testing.T) {
 	c := newCluster(t, 1)
 	for _, tc := range []struct {
@@ -567,6 +569,11 @@ func TestRequestPingInterval(t *testing.T) {
 	} {
 		f := wrap(t, c, tc.opts)
 		assert.Equal(t, tc.want, transport.RequestPingInterval(f), "probe %q", tc.opts.Probe)
+		if tc.opts.Probe == endpoint.ProbeReadyz {
+			assert.Zero(t, f.Pool().Config().QuietInterval, "readyz probes: every round checks")
+		} else {
+			assert.Equal(t, endpoint.DefaultQuietInterval, f.Pool().Config().QuietInterval, "held probes report between rounds")
+		}
 	}
 	assert.Equal(t, 5*time.Second, transport.DefaultPingIntervalHeld)
 }

@@ -236,13 +236,14 @@ func Wrap(ctx context.Context, cfg *rest.Config, opts Options) (*Failover, error
 		return nil, fmt.Errorf("transport: %w", err)
 	}
 	f.pool, err = upstream.New(upstream.Config{
-		Prober:   prober,
-		Interval: opts.ProbeInterval,
-		Timeout:  opts.ProbeTimeout,
-		Rise:     opts.Rise,
-		Fall:     opts.Fall,
-		Zone:     opts.Zone,
-		Logger:   opts.Logger,
+		Prober:        prober,
+		Interval:      opts.ProbeInterval,
+		QuietInterval: prober.QuietInterval(),
+		Timeout:       opts.ProbeTimeout,
+		Rise:          opts.Rise,
+		Fall:          opts.Fall,
+		Zone:          opts.Zone,
+		Logger:        opts.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)

@@ -357,6 +357,23 @@ func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, err
 	return 0, err
 }
 
+// DefaultQuietInterval is the pool's interval between probe rounds
+// (upstream.Config.QuietInterval) while every endpoint is healthy, with
+// held probes: their connections report failures as they happen, so a
+// round every second would only confirm them, and wake the client.
+const DefaultQuietInterval = 5 * time.Second
+
+// QuietInterval is the upstream.Config.QuietInterval that suits p's
+// mode: with ProbeHeld DefaultQuietInterval, or ReadyzInterval if that is
+// shorter (a round asks /readyz when it is due); none otherwise (every
+// round is a check). Zero for a nil Prober.
+func (p *Prober) QuietInterval() time.Duration {
+	if p == nil || p.Mode != ProbeHeld {
+		return 0
+	}
+	return min(DefaultQuietInterval, OrDefault(p.ReadyzInterval, DefaultReadyzInterval))
+}
+
 // readyzEvery is how often GET /readyz goes over addr's held connection:
 // ReadyzInterval while addr is in use (or without InUse),
 // IdleReadyzInterval (never more often) otherwise. An endpoint that comes

@@ -610,3 +610,12 @@ func TestHeldAnonymousGoAwayNotReported(t *testing.T) {
 	assert.Equal(t, int32(4), s.handshakes.Load(), "one connection held with credentials")
 	assert.Empty(t, rep.reports())
 }
+
+// The pool's rounds may slow down to 5s with held probes, no further than
+// ReadyzInterval; other modes check in every round.
+func TestQuietInterval(t *testing.T) {
+	assert.Zero(t, (*endpoint.Prober)(nil).QuietInterval())
+	assert.Zero(t, (&endpoint.Prober{Mode: endpoint.ProbeReadyz}).QuietInterval())
+	assert.Equal(t, endpoint.DefaultQuietInterval, (&endpoint.Prober{Mode: endpoint.ProbeHeld}).QuietInterval())
+	assert.Equal(t, time.Second, (&endpoint.Prober{Mode: endpoint.ProbeHeld, ReadyzInterval: time.Second}).QuietInterval())
+}

@@ -56,6 +56,15 @@ type Config struct {
 	Prober Prober
 	// Interval between probe rounds. If zero, DefaultInterval (1s).
 	Interval time.Duration
+	// QuietInterval, if longer than Interval, is the interval between
+	// rounds while every endpoint is healthy with no failure counted, not
+	// suspect, draining or slow: for a Prober that reports what it sees
+	// between probes as it happens (endpoint.ProbeHeld's held
+	// connections, through ReportFailure, which kicks a round), rounds
+	// every Interval would only confirm what it already reports, and
+	// each wakes the client. Any other state brings rounds back to every
+	// Interval. If zero, Interval.
+	QuietInterval time.Duration
 	// Timeout for one probe. If zero, DefaultTimeout (1s). Must not exceed
 	// Interval.
 	Timeout time.Duration

@@ -52,7 +52,26 @@ func (p *Pool) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Pool) nextInterval() time.Duration { return p.jitter(p.cfg.Interval) }
+func (p *Pool) nextInterval() time.Duration {
+	if p.cfg.QuietInterval > p.cfg.Interval && p.quiet() {
+		return p.jitter(p.cfg.QuietInterval)
+	}
+	return p.jitter(p.cfg.Interval)
+}
+
+// quiet reports whether every endpoint is healthy with no failure
+// counted, and not suspect, draining or slow (see
+// Config.QuietInterval).
+func (p *Pool) quiet() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.order {
+		if e.state != StateHealthy || e.fail > 0 || e.suspect || e.draining || !e.slowUntil.IsZero() {
+			return false
+		}
+	}
+	return true
+}
 
 // jitter spreads d by ±Jitter×d.
 func (p *Pool) jitter(d time.Duration) time.Duration {

@@ -601,3 +601,43 @@ func TestRunRTTProber(t *testing.T) {
 		assert.Equal(t, []string{addrB, addrA}, p.Candidates(), "B (1ms) is in a nearer tier than A (30ms)")
 	})
 }
+
+// With QuietInterval, rounds go every QuietInterval while every endpoint
+// is healthy with no failure counted, and every Interval otherwise: until
+// both are healthy, and from a reported failure (which kicks a round) until
+// the endpoint is healthy again.
+func TestRunQuietInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const interval, quiet = time.Second, 5 * time.Second
+		var failing sync.Map
+		prober := newProbeLog(func(_ context.Context, addr string, _ int) error {
+			if _, ok := failing.Load(addr); ok {
+				return errors.New("refused")
+			}
+			return nil
+		})
+		p := newPool(t, upstream.Config{Prober: prober, Interval: interval, QuietInterval: quiet, Jitter: -1})
+		stop := startRun(t, p)
+		defer stop()
+		t0 := time.Now()
+		mustSet(t, p, upstream.SourceStatic, specs(addrA, addrB))
+		advance(30 * time.Second)
+		times := prober.times(addrA)
+		require.Len(t, times, 6, "a round a quarter interval after the kick, then every 5s: both healthy after the first")
+		assert.Equal(t, t0.Add(interval/4), times[0])
+		assert.Equal(t, quiet, times[1].Sub(times[0]))
+
+		// A failure reported between rounds: a round soon, then every
+		// Interval until the endpoint is healthy again.
+		failing.Store(addrB, true)
+		p.ReportFailure(addrB, upstream.FailureConnLost, errors.New("held connection lost"))
+		advance(3 * time.Second)
+		assert.InDelta(t, 6+4, prober.count(addrA), 1, "kicked round at once, then every second")
+		failing.Delete(addrB)
+		advance(10 * time.Second)
+		assert.Equal(t, upstream.StateHealthy, stateOf(t, p, addrB))
+		n := prober.count(addrA)
+		advance(10 * time.Second)
+		assert.Equal(t, n+2, prober.count(addrA), "quiet again: every 5s")
+	})
+}
