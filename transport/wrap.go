@@ -53,13 +53,16 @@ type Options struct {
 
 	// Probe selects the active health check. If empty, endpoint.ProbeHeld:
 	// one HTTP/2 connection held per endpoint, PINGed every
-	// ProbePingInterval while requests use the endpoint (every 5s
-	// otherwise), GET /readyz over it every ProbeReadyzInterval. One TLS
-	// handshake per endpoint instead of one per probe, a server that stops
-	// answering is down within about half a second, and the servers spend
-	// about an eighth of ProbeReadyz's CPU on an idle client's checks (a
-	// third with a connection open; README, Benchmarks). endpoint.ProbeReadyz
-	// is the former default: a new TLS connection and GET /readyz per probe.
+	// ProbePingInterval while a request to the endpoint waits for its
+	// answer (every 5s otherwise, 15s while no connection uses it), GET
+	// /readyz over it every ProbeReadyzInterval (ProbeIdleReadyzInterval
+	// while no connection uses it). One TLS handshake per endpoint
+	// instead of one per probe, a server that stops answering with a
+	// request waiting is down within about half a second, and the servers
+	// spend about a twenty-fifth of ProbeReadyz's CPU on an idle client's
+	// checks (a tenth with a connection open; README, Benchmarks).
+	// endpoint.ProbeReadyz is the former default: a new TLS connection
+	// and GET /readyz per probe.
 	Probe endpoint.ProbeMode
 	// ProbePingInterval is how often endpoint.ProbeHeld PINGs the held
 	// connection of an endpoint that requests use. If zero,
