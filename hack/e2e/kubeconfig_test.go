@@ -23,14 +23,7 @@ import (
 // works with the result through localproxy, also once the apiserver the
 // original names is killed.
 func testKubeconfigSubcommand(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	if err := bed.Heal(ctx); err != nil {
-		t.Fatalf("heal: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
-			t.Errorf("heal: %v", err)
-		}
-	})
+	healBed(t, ctx, bed)
 	dir := t.TempDir()
 	bin := buildLocalProxy(t, ctx, dir)
 

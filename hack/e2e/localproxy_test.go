@@ -79,14 +79,7 @@ func kubectlRounds(t *testing.T, ctx context.Context, bed *testbed.Bed, kubeconf
 // while the preferred apiserver is killed and then the next one is
 // blackholed.
 func testKubectlUnderFaults(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	if err := bed.Heal(ctx); err != nil {
-		t.Fatalf("heal: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
-			t.Errorf("heal: %v", err)
-		}
-	})
+	healBed(t, ctx, bed)
 	logs := &logBuffer{}
 	p := startLocalProxy(t, ctx, bed, prometheus.NewRegistry(), logs.logger(), connectOptions{})
 	t.Cleanup(func() {
@@ -180,14 +173,7 @@ func testDeployDryRun(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 // that `localproxy status` lists every apiserver and that SIGTERM stops it
 // cleanly.
 func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	if err := bed.Heal(ctx); err != nil {
-		t.Fatalf("heal: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
-			t.Errorf("heal: %v", err)
-		}
-	})
+	healBed(t, ctx, bed)
 	dir := t.TempDir()
 	bin := buildLocalProxy(t, ctx, dir)
 
@@ -343,4 +329,18 @@ func lineHas(table string, words ...string) bool {
 		}
 	}
 	return false
+}
+
+// healBed restores every apiserver of bed now and again when the test
+// ends, so that a subtest starts from, and leaves, a whole control plane.
+func healBed(t *testing.T, ctx context.Context, bed *testbed.Bed) {
+	t.Helper()
+	if err := bed.Heal(ctx); err != nil {
+		t.Fatalf("heal: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := bed.Heal(context.WithoutCancel(ctx)); err != nil {
+			t.Errorf("heal: %v", err)
+		}
+	})
 }
