@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -452,4 +453,37 @@ func freePort(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// watchFlaps counts changes only: an endpoint first seen down (not probed
+// yet) is no down; one that goes down after being up is.
+func TestWatchFlapsCountsChanges(t *testing.T) {
+	seq := []map[string]endpointView{
+		{"a": {Down: true}, "b": {Down: true, Suspect: true}},
+		{"a": {}, "b": {}},
+		{"a": {Down: true}, "b": {Suspect: true}},
+	}
+	var mu sync.Mutex
+	i := 0
+	views := func() (map[string]endpointView, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		v := seq[min(i, len(seq)-1)]
+		i++
+		return v, nil
+	}
+	fc := watchFlaps(t.Context(), views)
+	for {
+		mu.Lock()
+		n := i
+		mu.Unlock()
+		if n > len(seq) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	downs, suspects := fc.result()
+	if downs != 1 || suspects != 1 {
+		t.Errorf("downs %d, suspects %d; want 1 and 1", downs, suspects)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -32,6 +33,10 @@ func startLoadedTransport(ctx context.Context, e *env, cfg newConnConfig) (*load
 	cp, err := startTransport(ctx, e)
 	if err != nil {
 		return nil, err
+	}
+	if !waitUntil(ctx, settleLimit, cp.settled) {
+		cp.close()
+		return nil, fmt.Errorf("transport did not count every apiserver healthy within %s", settleLimit)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	lt := &loadedTransport{cp: cp, flaps: watchFlaps(ctx, cp.views), cancel: cancel}

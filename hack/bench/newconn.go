@@ -434,12 +434,15 @@ func watchFlaps(ctx context.Context, views func() (map[string]endpointView, erro
 		for {
 			if v, err := views(); err == nil {
 				for addr, now := range v {
-					was := prev[addr]
-					if now.Down && !was.Down {
-						fc.downs++
-					}
-					if now.Suspect && !was.Suspect {
-						fc.suspects++
+					// Only changes count: an endpoint first seen down
+					// (not probed yet, just discovered) was never up.
+					if was, seen := prev[addr]; seen {
+						if now.Down && !was.Down {
+							fc.downs++
+						}
+						if now.Suspect && !was.Suspect {
+							fc.suspects++
+						}
 					}
 					prev[addr] = now
 				}
