@@ -130,9 +130,13 @@ func alive(pid int) bool {
 }
 
 func TestSmoke(t *testing.T) {
+	// The bed may wait for the machine's test bed lock while the e2e
+	// package (run beside this one by go test ./hack/...) holds it: the
+	// 10 minutes the smoke test may take start once the bed is up, and go
+	// test's -timeout bounds the wait.
+	bed := startBed(t, t.Context(), testbed.Options{APIServers: 3})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	bed := startBed(t, ctx, testbed.Options{APIServers: 3})
 	servers := bed.APIServers()
 	if len(servers) != 3 {
 		t.Fatalf("APIServers() = %d servers, want 3", len(servers))
