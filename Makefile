@@ -50,7 +50,8 @@ bench:
 	$(GO) run ./hack/bench
 
 ## image: build the localproxy image from cmd/localproxy/deploy/Containerfile
-## with buildah and run it (installs buildah; a few minutes).
+## with buildah, tagged with the release (internal/version) and the git
+## revision, then run it: --version and /healthz (installs buildah; a few minutes).
 image:
 	bash hack/tools/build-image.sh
 

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	main "github.com/apifailover/apifailover/cmd/localproxy"
+	"github.com/apifailover/apifailover/internal/version"
 )
 
 // documents splits a YAML file into its documents and decodes each,
@@ -63,6 +64,10 @@ func checkPodSpec(t *testing.T, spec corev1.PodSpec) corev1.Container {
 	assert.Equal(t, "system-node-critical", spec.PriorityClassName)
 	require.Len(t, spec.Containers, 1)
 	c := spec.Containers[0]
+	// The image is pinned to this tree's release, the tag make image
+	// builds; never a moving tag.
+	assert.Equal(t, "ghcr.io/apifailover/localproxy:"+version.Release, c.Image)
+	assert.Equal(t, corev1.PullIfNotPresent, c.ImagePullPolicy)
 	sc := c.SecurityContext
 	require.NotNil(t, sc)
 	require.NotNil(t, sc.RunAsUser)
@@ -179,7 +184,7 @@ func TestContainerfileBuildAndSystemdUnitVerify(t *testing.T) {
 	// The step as the Containerfile runs it, in a shell, with its build arg.
 	build := exec.Command("sh", "-c", m[1]+" -o "+bin+" "+m[2])
 	build.Dir = filepath.Join("..", "..")
-	build.Env = append(os.Environ(), "VERSION=containerfile-test")
+	build.Env = append(os.Environ(), "VERSION=containerfile-test", "REVISION=0123abcd")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
@@ -192,7 +197,7 @@ func TestContainerfileBuildAndSystemdUnitVerify(t *testing.T) {
 	f.Close()
 	out, err = exec.Command(bin, "--version").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	assert.Contains(t, string(out), "containerfile-test")
+	assert.Regexp(t, `^localproxy containerfile-test \(revision 0123abcd, go1\.\d+`, string(out))
 
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {

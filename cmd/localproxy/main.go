@@ -19,17 +19,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime"
-	"runtime/debug"
 	"syscall"
 
 	"k8s.io/klog/v2"
 
+	"github.com/apifailover/apifailover/internal/version"
 	"github.com/apifailover/apifailover/localproxy"
 )
-
-// version is set at build time: -ldflags "-X main.version=v1.2.3".
-var version = ""
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -66,7 +62,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	if o.version {
-		fmt.Fprintf(stdout, "localproxy %s %s %s/%s\n", versionString(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		fmt.Fprintf(stdout, "localproxy %s\n", version.Get())
 		return exitOK
 	}
 	cfg, err := o.config()
@@ -100,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitUsage
 	}
-	log.Info("starting", "version", versionString(), "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
+	log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision, "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
 		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "localproxy failed")
@@ -118,14 +114,4 @@ func printErrors(w io.Writer, prefix string, err error) {
 		return
 	}
 	fmt.Fprintf(w, "%s: %v\n", prefix, err)
-}
-
-func versionString() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
 }

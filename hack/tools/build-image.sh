@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # build-image.sh - build the localproxy container image from
 # cmd/localproxy/deploy/Containerfile with buildah (no daemon needed), then
-# run it: the binary must start on scratch, as user 65534.
+# run it: the binary must start on scratch, as user 65534, report its
+# version and revision, and answer /healthz.
 #
-#   hack/tools/build-image.sh [TAG]      (default localhost/localproxy:dev)
+#   hack/tools/build-image.sh [REPOSITORY]   (default ghcr.io/apifailover/localproxy)
+#
+# The image is tagged REPOSITORY:<release> (the tag the manifests in
+# cmd/localproxy/deploy reference; the release is internal/version.Release)
+# and REPOSITORY:<release>-<revision> (the git revision, 12 digits, with
+# "-dirty" when the tree has uncommitted changes). Never "latest".
 #
 # The Containerfile builds in docker.io/library/golang:1.26. Where that
 # registry cannot be reached, a stand-in with the same name is made from
@@ -12,7 +18,17 @@
 # buildah and busybox-static with apt-get when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tag=${1:-localhost/localproxy:dev}
+repo=${1:-ghcr.io/apifailover/localproxy}
+release=$(sed -n 's/^const Release = "\(.*\)"$/\1/p' internal/version/version.go)
+[[ $release =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] || { echo "build-image: no release version in internal/version/version.go (got '$release')" >&2; exit 1; }
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [[ $revision != unknown ]] && [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+  revision+=-dirty
+fi
+tag=$repo:$release
+short=${revision:0:12}
+[[ $revision != *-dirty ]] || short+=-dirty
+revtag=$repo:$release-$short
 base=docker.io/library/golang:1.26
 export BUILDAH_ISOLATION=chroot
 log() { echo "build-image: $*" >&2; }
@@ -47,9 +63,9 @@ else
   buildah commit -q "$ctr" "$base" >/dev/null
 fi
 
-version=$(git describe --always --dirty 2>/dev/null || echo dev)
-log "building $tag (VERSION=$version); the first build downloads the modules, a few minutes"
-buildah bud --pull=never -f cmd/localproxy/deploy/Containerfile --build-arg VERSION="$version" -t "$tag" .
+log "building $tag and $revtag (revision $revision); the first build downloads the modules, a few minutes"
+buildah bud --pull=never -f cmd/localproxy/deploy/Containerfile \
+  --build-arg VERSION="$release" --build-arg REVISION="$revision" -t "$tag" -t "$revtag" .
 
 log "checking the image"
 cfg=$(buildah inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$tag")
@@ -57,5 +73,26 @@ cfg=$(buildah inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Con
 ctr=$(buildah from -q "$tag")
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 out=$(buildah run "$ctr" -- /localproxy --version)
-[[ $out == "localproxy $version "* ]] || { log "unexpected --version output: $out"; exit 1; }
-log "ok: $tag runs on scratch as 65534: $out ($(buildah images --format '{{.Size}}' "$tag"))"
+[[ $out == "localproxy $release (revision $revision, go"* ]] || { log "unexpected --version output: $out"; exit 1; }
+log "$out"
+
+# Start it as a node would (the host's network, ports off the defaults so a
+# localproxy already on this machine is not disturbed) and ask /healthz.
+port=$((17000 + RANDOM % 2000))
+log "starting the image: localproxy on 127.0.0.1:$port, health on 127.0.0.1:$((port + 1))"
+buildah run --network=host "$ctr" -- /localproxy --endpoints=127.0.0.1:1 \
+  --bind-port="$port" --health-port="$((port + 1))" --probe=tcp >"${TMPDIR:-/tmp}/build-image-run.log" 2>&1 &
+run=$!
+trap 'kill "$run" 2>/dev/null || true; wait "$run" 2>/dev/null || true; buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+healthz=
+for _ in $(seq 100); do
+  healthz=$(curl -fsS --max-time 1 "http://127.0.0.1:$((port + 1))/healthz" 2>/dev/null) && break
+  kill -0 "$run" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -z $healthz ]]; then
+  log "the image's localproxy did not answer /healthz; its output:"
+  cat "${TMPDIR:-/tmp}/build-image-run.log" >&2
+  exit 1
+fi
+log "ok: $tag ($revtag) runs on scratch as 65534 and answers /healthz: $healthz ($(buildah images --format '{{.Size}}' "$tag" | head -1))"
