@@ -10,7 +10,7 @@ export KUBE_VERSION
 # Linters, fetched through the Go module proxy and pinned.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test unit e2e demo bench image lint deps kube fmt vet tidy clean
+.PHONY: all test unit e2e demo bench image compat lint deps kube fmt vet tidy clean
 
 all: test
 
@@ -54,6 +54,12 @@ bench:
 ## revision, then run it: --version and /healthz (installs buildah; a few minutes).
 image:
 	bash hack/tools/build-image.sh
+
+## compat: the version matrix, not part of test: the smoke test and scenarios
+## S1/S2 on the transport and localproxy paths against each kube-apiserver in
+## KUBE_VERSIONS (default v1.34.4 v1.35.4 v1.36.3; each built once, minutes).
+compat: deps
+	bash hack/tools/compat.sh
 
 ## lint: gofmt, go vet, staticcheck.
 lint: vet

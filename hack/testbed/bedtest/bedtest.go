@@ -4,6 +4,7 @@
 package bedtest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -51,8 +52,8 @@ func Strict() bool {
 // Start starts a bed and closes it when the test ends. Outside strict runs
 // it skips when the machine is not prepared; in them, as root, it installs
 // and builds what is missing. Opts.Dir defaults to APIFAILOVER_TESTBED_DIR
-// (kept for inspection) or a temporary directory, opts.Log to the test's
-// output.
+// (kept for inspection) or a temporary directory, opts.Version to
+// KUBE_VERSION (then testbed.DefaultVersion), opts.Log to the test's output.
 func Start(t *testing.T, ctx context.Context, opts testbed.Options) *testbed.Bed {
 	t.Helper()
 	if netnsErr != nil {
@@ -64,6 +65,11 @@ func Start(t *testing.T, ctx context.Context, opts testbed.Options) *testbed.Bed
 		}
 	}
 	opts.InstallDeps = Strict() && os.Geteuid() == 0
+	if opts.Version == "" {
+		// make compat runs the suite against other builds this way; the
+		// Makefile exports the default.
+		opts.Version = os.Getenv("KUBE_VERSION")
+	}
 	if opts.Dir == "" {
 		opts.Dir = os.Getenv("APIFAILOVER_TESTBED_DIR")
 	}
@@ -78,7 +84,7 @@ func Start(t *testing.T, ctx context.Context, opts testbed.Options) *testbed.Bed
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	t.Logf("bed with %d apiservers up in %s", len(bed.APIServers()), time.Since(began).Round(time.Millisecond))
+	t.Logf("bed with %d apiservers (kube-apiserver %s) up in %s", len(bed.APIServers()), cmp.Or(opts.Version, testbed.DefaultVersion), time.Since(began).Round(time.Millisecond))
 	t.Cleanup(func() {
 		if err := bed.Close(); err != nil {
 			t.Errorf("close: %v", err)
