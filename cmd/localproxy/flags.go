@@ -2,12 +2,13 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"time"
+
+	flag "github.com/spf13/pflag"
 
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport/endpoint"
@@ -97,17 +98,18 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n\n"+
 			"A node-local TCP proxy on 127.0.0.1:7445 failing over across Kubernetes API servers.\n"+
 			"'localproxy status' prints a running proxy's endpoints and their health; 'localproxy kubeconfig'\n"+
-			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its -help).\n"+
+			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its --help).\n"+
 			"Every flag can also be set with the environment variable %s<FLAG_NAME> (e.g. %s); the flag wins.\n\nFlags:\n", envPrefix, envName("bind-port"))
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parseFlags parses args, then fills every flag not given from its
-// environment variable. A value that does not parse, an unknown flag or a
-// missing value is a usageError naming the input and what is allowed; the
-// flag package prints nothing but -help.
+// parseFlags parses args the way Kubernetes components do (spf13/pflag:
+// --flag=value or --flag value, -h or --help), then fills every flag not
+// given from its environment variable. A value that does not parse, an
+// unknown flag or a missing value is a usageError naming the input and
+// what is allowed; pflag prints nothing but the usage for --help.
 func parseFlags(fs *flag.FlagSet, o *options, args []string, getenv func(string) string) error {
 	err := parseChecked(fs, o, args, getenv)
 	if errors.Is(err, flag.ErrHelp) {
@@ -117,14 +119,13 @@ func parseFlags(fs *flag.FlagSet, o *options, args []string, getenv func(string)
 }
 
 // parseChecked is parseFlags with every flag.Value wrapped in a
-// checkedValue and the flag package silenced, which would print its own
-// message and the whole usage; both are undone on return, so that -help
-// lists the flags' own types and defaults.
+// checkedValue and pflag silenced, which would print its own message and
+// the whole usage; both are undone on return, so that --help lists the
+// flags' own types and defaults.
 func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(string) string) error {
-	var failed *valueError // the flag package keeps only the text of Set's error
 	var wrapped []*flag.Flag
 	fs.VisitAll(func(f *flag.Flag) {
-		f.Value = &checkedValue{Value: f.Value, name: f.Name, failed: &failed}
+		f.Value = &checkedValue{Value: f.Value, name: f.Name}
 		wrapped = append(wrapped, f)
 	})
 	out, usage := fs.Output(), fs.Usage
@@ -139,31 +140,13 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	}()
 
 	if err := fs.Parse(args); err != nil {
-		switch msg := err.Error(); {
-		case errors.Is(err, flag.ErrHelp):
-			return err
-		case failed != nil:
-			return failed.usage("--" + failed.name)
-		case strings.HasPrefix(msg, "flag provided but not defined: -"):
-			return usagef("unknown flag --%s; want one of the flags '%s -help' lists",
-				strings.TrimPrefix(msg, "flag provided but not defined: -"), fs.Name())
-		case strings.HasPrefix(msg, "flag needs an argument: -"):
-			name := strings.TrimPrefix(msg, "flag needs an argument: -")
-			want := "a value"
-			if f := fs.Lookup(name); f != nil {
-				if a := allowed(f.Value.(*checkedValue).Value, name); a != "" {
-					want = a
-				}
-			}
-			return usagef("invalid --%s: missing value; want %s", name, want)
-		}
-		return usagef("%v", err)
+		return parseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		if fs.Name() == "localproxy" {
 			return usagef("unexpected argument %q (flags only; the subcommands, status and kubeconfig, are given first)", fs.Arg(0))
 		}
-		return usagef("unexpected argument %q; %s takes flags only (see '%s -help')", fs.Arg(0), fs.Name(), fs.Name())
+		return usagef("unexpected argument %q; %s takes flags only (see '%s --help')", fs.Arg(0), fs.Name(), fs.Name())
 	}
 	o.from = make(map[string]string)
 	fs.Visit(func(f *flag.Flag) { o.from[f.Name] = "--" + f.Name })
@@ -189,6 +172,44 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 		o.from[f.Name] = env
 	})
 	return errors.Join(errs...)
+}
+
+// parseError turns pflag's typed errors into usage errors that name the
+// input and what is allowed.
+func parseError(fs *flag.FlagSet, err error) error {
+	var (
+		notExist *flag.NotExistError
+		required *flag.ValueRequiredError
+		syntax   *flag.InvalidSyntaxError
+		value    *valueError
+	)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return err
+	case errors.As(err, &value):
+		return value.usage("--" + value.name)
+	case errors.As(err, &required):
+		name := required.GetFlag().Name
+		want := "a value"
+		if a := allowed(required.GetFlag().Value, name); a != "" {
+			want = a
+		}
+		return usagef("invalid --%s: missing value; want %s", name, want)
+	case errors.As(err, &notExist):
+		if group := notExist.GetSpecifiedShortnames(); group != "" {
+			// -version: a long flag given one dash, which pflag reads
+			// as the one-letter flags v, e, r...
+			name, _, _ := strings.Cut(group, "=")
+			if fs.Lookup(name) != nil {
+				return usagef("unknown flag -%s; long flags take two dashes: --%s", group, group)
+			}
+			return usagef("unknown flag -%s; %s has no one-letter flags but -h; want one of the flags '%s --help' lists", group, fs.Name(), fs.Name())
+		}
+		return usagef("unknown flag --%s; want one of the flags '%s --help' lists", notExist.GetSpecifiedName(), fs.Name())
+	case errors.As(err, &syntax):
+		return usagef("invalid argument %q: want --flag=value, --flag value or -h", syntax.GetSpecifiedFlag())
+	}
+	return usagef("%v", err)
 }
 
 // src names where a flag's value came from, for messages.

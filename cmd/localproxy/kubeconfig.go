@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -17,6 +16,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	flag "github.com/spf13/pflag"
 
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -109,13 +110,13 @@ func runKubeconfig(args []string, getenv func(string) string, stdout, stderr io.
 			return exitOK
 		}
 		printErrors(stderr, kubeconfigCmd, err)
-		fmt.Fprintf(stderr, "Run '%s -help' for the flags.\n", kubeconfigCmd)
+		fmt.Fprintf(stderr, "Run '%s --help' for the flags.\n", kubeconfigCmd)
 		return exitUsage
 	}
 	rt, err := k.retarget()
 	if err != nil {
 		printErrors(stderr, kubeconfigCmd, err)
-		fmt.Fprintf(stderr, "Run '%s -help' for the flags.\n", kubeconfigCmd)
+		fmt.Fprintf(stderr, "Run '%s --help' for the flags.\n", kubeconfigCmd)
 		return exitUsage
 	}
 	file := k.kubeconfig

@@ -453,9 +453,9 @@ func TestKubeconfigErrors(t *testing.T) {
 		{"bad bind address", []string{"--kubeconfig=" + good, "--bind-address=localhost"}, nil, main.ExitUsage,
 			[]string{`invalid --bind-address="localhost": want an IP address`}},
 		{"positional file", []string{good}, nil, main.ExitUsage,
-			[]string{`unexpected argument "` + good + `"; localproxy kubeconfig takes flags only (see 'localproxy kubeconfig -help')`}},
+			[]string{`unexpected argument "` + good + `"; localproxy kubeconfig takes flags only (see 'localproxy kubeconfig --help')`}},
 		{"main flag", []string{"--kubeconfig=" + good, "--endpoints=10.0.0.1:6443"}, nil, main.ExitUsage,
-			[]string{"unknown flag --endpoints; want one of the flags 'localproxy kubeconfig -help' lists"}},
+			[]string{"unknown flag --endpoints; want one of the flags 'localproxy kubeconfig --help' lists"}},
 		{"unwritable out", []string{"--kubeconfig=" + good, "--out=" + filepath.Join(missing, "config")}, nil, 1,
 			[]string{"writing " + filepath.Join(missing, "config") + ": "}},
 	}
@@ -475,7 +475,7 @@ func TestKubeconfigHelp(t *testing.T) {
 	var stderr bytes.Buffer
 	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"kubeconfig", "-help"}, env(), io.Discard, &stderr))
 	for _, w := range []string{"Usage: localproxy kubeconfig --kubeconfig=FILE", "tls-server-name", "insecure-skip-tls-verify",
-		"FILE.<UTC time>.bak", "  -in-place\n", "  -bind-port int\n", "LOCALPROXY_TLS_SERVER_NAME"} {
+		"FILE.<UTC time>.bak", "  --in-place ", "  --bind-port int ", "LOCALPROXY_TLS_SERVER_NAME"} {
 		assert.Contains(t, stderr.String(), w)
 	}
 	stderr.Reset()

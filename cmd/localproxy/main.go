@@ -14,7 +14,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -22,6 +21,8 @@ import (
 	"syscall"
 
 	"k8s.io/klog/v2"
+
+	flag "github.com/spf13/pflag"
 
 	"github.com/apifailover/apifailover/internal/version"
 	"github.com/apifailover/apifailover/localproxy"
@@ -58,7 +59,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return exitOK
 		}
 		printErrors(stderr, "localproxy", err)
-		fmt.Fprintf(stderr, "Run 'localproxy -help' for the flags.\n")
+		fmt.Fprintf(stderr, "Run 'localproxy --help' for the flags.\n")
 		return exitUsage
 	}
 	if o.version {
@@ -68,7 +69,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	cfg, err := o.config()
 	if err != nil {
 		printErrors(stderr, "localproxy", err)
-		fmt.Fprintf(stderr, "Run 'localproxy -help' for the flags.\n")
+		fmt.Fprintf(stderr, "Run 'localproxy --help' for the flags.\n")
 		return exitUsage
 	}
 	// --max-connections must fit in the file descriptor limit; its

@@ -226,8 +226,14 @@ func TestBadValues(t *testing.T) {
 		{"every bad variable", ok, []string{"LOCALPROXY_RISE", "x", "LOCALPROXY_HEALTH_INTERVAL", "soon"}, []string{
 			`invalid LOCALPROXY_HEALTH_INTERVAL="soon" (--health-interval): ` + duration,
 			`invalid LOCALPROXY_RISE="x" (--rise): not a whole number` + atLeast1}},
-		{"unknown flag", append(ok, "--frobnicate"), nil, []string{"unknown flag --frobnicate; want one of the flags 'localproxy -help' lists"}},
+		{"unknown flag", append(ok, "--frobnicate"), nil, []string{"unknown flag --frobnicate; want one of the flags 'localproxy --help' lists"}},
 		{"missing value", append(ok, "--rise"), nil, []string{"invalid --rise: missing value" + atLeast1}},
+		// Flags are parsed as Kubernetes components parse them (pflag):
+		// a long flag takes two dashes.
+		{"long flag with one dash", append(ok, "-rise=3"), nil, []string{"unknown flag -rise=3; long flags take two dashes: --rise=3"}},
+		{"unknown one-letter flag", append(ok, "-x"), nil, []string{"unknown flag -x; localproxy has no one-letter flags but -h; want one of the flags 'localproxy --help' lists"}},
+		{"missing duration", append(ok, "--health-interval"), nil, []string{"invalid --health-interval: missing value; want a Go duration with a unit, such as 1s, 500ms or 2m"}},
+		{"bad bool", append(ok, "--enable-discovery=maybe"), nil, []string{`invalid --enable-discovery="maybe": not a boolean; want true or false`}},
 		// Values that parse but are out of range read the same way.
 		{"out of range", append(ok, "--rise=0"), nil, []string{"invalid --rise=0: want a whole number, at least 1"}},
 		{"out of range from env", ok, []string{"LOCALPROXY_BIND_PORT", "0"}, []string{"invalid LOCALPROXY_BIND_PORT=0 (--bind-port): want a port number 1-65535"}},
@@ -243,7 +249,7 @@ func TestBadValues(t *testing.T) {
 			for _, w := range tc.want {
 				want = append(want, "localproxy: "+w)
 			}
-			want = append(want, "Run 'localproxy -help' for the flags.")
+			want = append(want, "Run 'localproxy --help' for the flags.")
 			assert.Equal(t, want, strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n"), "only these lines, no usage dump")
 		})
 	}
@@ -258,7 +264,7 @@ func TestStatusBadValues(t *testing.T) {
 	}{
 		{"duration", []string{"status", "--timeout=5"}, nil, `localproxy status: invalid --timeout="5": not a duration; want a Go duration with a unit, such as 1s, 500ms or 2m`},
 		{"port from env", []string{"status"}, []string{"LOCALPROXY_HEALTH_PORT", "http"}, `localproxy status: invalid LOCALPROXY_HEALTH_PORT="http" (--health-port): not a whole number; want a port number 1-65535`},
-		{"unknown flag", []string{"status", "--bind-port=1"}, nil, "localproxy status: unknown flag --bind-port; want one of the flags 'localproxy status -help' lists"},
+		{"unknown flag", []string{"status", "--bind-port=1"}, nil, "localproxy status: unknown flag --bind-port; want one of the flags 'localproxy status --help' lists"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,13 +391,13 @@ func TestVersionAndHelp(t *testing.T) {
 	assert.Contains(t, stderr.String(), "LOCALPROXY_BIND_PORT")
 	// The flags' own types and defaults, not those of the values wrapped
 	// while parsing.
-	assert.Contains(t, stderr.String(), "  -health-interval duration\n")
-	assert.Contains(t, stderr.String(), "  -bind-port int\n")
-	assert.Contains(t, stderr.String(), "  -enable-discovery\n")
+	assert.Contains(t, stderr.String(), "  --health-interval duration ")
+	assert.Contains(t, stderr.String(), "  --bind-port int ")
+	assert.Contains(t, stderr.String(), "  --enable-discovery ")
 	assert.NotContains(t, stderr.String(), "panic")
 	stderr.Reset()
 	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"status", "-h"}, env(), io.Discard, &stderr))
-	assert.Contains(t, stderr.String(), "  -timeout duration\n")
+	assert.Contains(t, stderr.String(), "  --timeout duration ")
 }
 
 func freePort(t *testing.T) int {

@@ -2,14 +2,14 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
+
+	flag "github.com/spf13/pflag"
 )
 
-// printUsage prints the usage as the flag package does.
+// printUsage prints the usage as pflag does.
 func printUsage(fs *flag.FlagSet) {
 	if fs.Usage != nil {
 		fs.Usage()
@@ -24,8 +24,7 @@ func printUsage(fs *flag.FlagSet) {
 // allows, the one place these messages come from.
 type checkedValue struct {
 	flag.Value
-	name   string
-	failed **valueError // set to the last failure
+	name string
 }
 
 func (v *checkedValue) Set(s string) error {
@@ -33,15 +32,7 @@ func (v *checkedValue) Set(s string) error {
 	if err == nil {
 		return nil
 	}
-	ve := &valueError{name: v.name, value: s, problem: problem(v.Value, s, err), want: allowed(v.Value, v.name)}
-	*v.failed = ve
-	return ve
-}
-
-// IsBoolFlag lets a wrapped bool flag go without a value: --enable-discovery.
-func (v *checkedValue) IsBoolFlag() bool {
-	b, ok := v.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
+	return &valueError{name: v.name, value: s, problem: problem(v.Value, s, err), want: allowed(v.Value, v.name)}
 }
 
 // valueError is a flag or environment value that does not parse.
@@ -64,12 +55,12 @@ func (e *valueError) usage(src string) error {
 
 // problem says why s is no value of v's kind; err is v.Set's error.
 func problem(v flag.Value, s string, err error) string {
-	switch kindOf(v).(type) {
-	case time.Duration:
+	switch v.Type() {
+	case "duration":
 		return "not a duration"
-	case bool:
+	case "bool":
 		return "not a boolean"
-	case int, int64:
+	case "int", "int64":
 		if _, err := strconv.ParseInt(s, 0, 64); errors.Is(err, strconv.ErrRange) {
 			return "out of range"
 		}
@@ -81,25 +72,18 @@ func problem(v flag.Value, s string, err error) string {
 // allowed says what values flag name of v's kind takes, "" for a kind not
 // known here. For ints, config checks the same range.
 func allowed(v flag.Value, name string) string {
-	switch kindOf(v).(type) {
-	case time.Duration:
+	switch v.Type() {
+	case "duration":
 		return "a Go duration with a unit, such as 1s, 500ms or 2m"
-	case bool:
+	case "bool":
 		return "true or false"
-	case int, int64:
+	case "int", "int64":
 		if r, ok := intRanges[name]; ok {
 			return r.String()
 		}
 		return "a whole number"
 	}
 	return ""
-}
-
-func kindOf(v flag.Value) any {
-	if g, ok := v.(flag.Getter); ok {
-		return g.Get()
-	}
-	return nil
 }
 
 // intRanges are the values the int flags allow.
