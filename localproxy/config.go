@@ -139,6 +139,12 @@ type Config struct {
 	// closed at once and counted as rejected. If zero,
 	// DefaultMaxConnections (10000). If negative, unlimited.
 	MaxConnections int
+	// LivenessThreshold is how long the pool's health-check loop may go
+	// without starting a round or a probe before /healthz fails (a wedged
+	// prober: the node's liveness probe then restarts the proxy). If zero,
+	// three health-check intervals plus the probe timeout. If negative,
+	// the loop is not checked.
+	LivenessThreshold time.Duration
 	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
 	// addresses to upstreams, for endpoints behind a shared proxy that
 	// routes by SNI and requires the header. Health probes built from

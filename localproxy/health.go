@@ -87,18 +87,21 @@ func (p *Proxy) live(startedAt time.Time) error {
 	if err := p.stuckAccepting(time.Now()); err != nil {
 		return err
 	}
-	if p.cfg.Pool.Prober == nil {
+	if p.cfg.Pool.Prober == nil || p.cfg.LivenessThreshold < 0 {
 		return nil
 	}
 	pc := p.pool.Config()
 	stale := 3*pc.Interval + pc.Timeout
+	if p.cfg.LivenessThreshold > 0 {
+		stale = p.cfg.LivenessThreshold
+	}
 	last := p.pool.LastProbeActivity()
 	if last.IsZero() {
 		last = startedAt
 	}
 	age := time.Since(last)
 	if age > stale {
-		return fmt.Errorf("no health probe for %v (expected every %v)", age.Round(time.Millisecond), pc.Interval)
+		return fmt.Errorf("no health probe for %v (expected every %v; liveness threshold %v)", age.Round(time.Millisecond), pc.Interval, stale)
 	}
 	return nil
 }
@@ -146,24 +149,46 @@ func (p *Proxy) newHealthServer() *http.Server {
 	}
 }
 
+// healthAllow lists the methods the health server answers.
+const healthAllow = "GET, HEAD, OPTIONS"
+
 // healthRequests answers 405 with an Allow header to methods other than
-// GET and HEAD, and reads no request body: a request that has one
+// GET, HEAD and OPTIONS, and reads no request body: a request that has one
 // (nothing served here wants it) is answered and its connection closed,
 // where net/http would read up to 256 KiB of it first to keep the
-// connection.
+// connection. OPTIONS is answered like HEAD, with the status GET would
+// have and an Allow header: HAProxy's "option httpchk" checks with OPTIONS
+// by default, and extractedprism answered it. "OPTIONS *" gets 200.
 func healthRequests(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength != 0 {
 			w.Header().Set("Connection", "close")
 		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+		case http.MethodOptions:
+			w.Header().Set("Allow", healthAllow)
+			if r.RequestURI == "*" {
+				w.WriteHeader(http.StatusOK)
+				return
+			}
+			r = r.Clone(r.Context())
+			r.Method = http.MethodHead
+			w = bodiless{w}
+		default:
+			w.Header().Set("Allow", healthAllow)
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
+
+// bodiless drops the body of an answer to OPTIONS, which net/http would
+// send (it drops only a HEAD request's).
+type bodiless struct{ http.ResponseWriter }
+
+func (b bodiless) Write(p []byte) (int, error) { return len(p), nil }
 
 // serveHealth serves srv on ln until ctx is done, then shuts it down.
 // A local process must not exhaust the proxy's file descriptors through

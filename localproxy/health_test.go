@@ -42,6 +42,9 @@ func TestHealthServer(t *testing.T) {
 	resp, body = httpGet(t, http.MethodGet, base+"/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Contains(t, body, "no healthy endpoint")
+	resp, body = httpGet(t, http.MethodOptions, base+"/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "OPTIONS has GET's status")
+	assert.Empty(t, body)
 
 	pr.set(echo.addr(), nil)
 	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
@@ -80,14 +83,24 @@ func TestHealthServer(t *testing.T) {
 	assert.Contains(t, body, `"sources": "static"`)
 	assert.Contains(t, body, `"state": "healthy"`)
 
-	for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
+	for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
 		for _, path := range []string{"/healthz", "/readyz", "/metrics", "/status"} {
 			resp, _ := httpGet(t, m, base+path)
 			assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "%s %s", m, path)
-			assert.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
+			assert.Equal(t, "GET, HEAD, OPTIONS", resp.Header.Get("Allow"))
 		}
 	}
+	// OPTIONS (HAProxy's httpchk default, and what extractedprism
+	// answered) gets GET's status, no body.
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/status"} {
+		resp, body := httpGet(t, http.MethodOptions, base+path)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "OPTIONS %s", path)
+		assert.Equal(t, "GET, HEAD, OPTIONS", resp.Header.Get("Allow"))
+		assert.Empty(t, body, "OPTIONS %s", path)
+	}
 	resp, _ = httpGet(t, http.MethodGet, base+"/nope")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = httpGet(t, http.MethodOptions, base+"/nope")
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
 }
 
@@ -271,10 +284,30 @@ func TestHealthzFailsWhenProbesStop(t *testing.T) {
 	pr.stall()
 	require.Eventually(t, hz.is(http.StatusServiceUnavailable, "unhealthy: no health probe for"),
 		10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
-	assert.Contains(t, hz.String(), "(expected every "+interval.String()+")")
+	assert.Contains(t, hz.String(), "(expected every "+interval.String()+"; liveness threshold 170ms)")
 
 	pr.release()
 	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+}
+
+// LivenessThreshold (extractedprism's --liveness-threshold) sets how long
+// the probe loop may be silent.
+func TestHealthzLivenessThreshold(t *testing.T) {
+	echo := newEcho(t)
+	pr := &stallingProber{}
+	r := start(t, localproxy.Config{
+		Endpoints:         []string{echo.addr()},
+		HealthAddress:     "127.0.0.1:0",
+		LivenessThreshold: 300 * time.Millisecond,
+		Pool:              upstream.Config{Prober: pr, Interval: 50 * time.Millisecond, Timeout: 20 * time.Millisecond, Rise: 1, Fall: 1},
+	})
+	t.Cleanup(pr.release)
+	hz := newHealthz(r)
+	require.Eventually(t, func() bool { return pr.calls.Load() > 0 }, 10*time.Second, 5*time.Millisecond)
+	pr.stall()
+	require.Eventually(t, hz.is(http.StatusServiceUnavailable, "unhealthy: no health probe for"),
+		10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	assert.Contains(t, hz.String(), "liveness threshold 300ms)")
 }
 
 // While every endpoint is quarantined the probe loop waits for their

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -47,8 +48,38 @@ func (o *options) config() (localproxy.Config, error) {
 	cfg.Discovery = b.discovery(creds, credErr, l, cfg.Origin)
 	cfg.StateFile = o.stateFile
 	b.connections(&cfg)
+	b.liveness(&cfg)
 	b.logging()
 	return cfg, errors.Join(b.errs...)
+}
+
+// warn keeps a warning for run to log.
+func (b *builder) warn(format string, args ...any) {
+	b.warnings = append(b.warnings, fmt.Sprintf(format, args...))
+}
+
+// liveness checks --liveness-threshold and --liveness-interval
+// (extractedprism's flags: at least 1s each, the threshold above the
+// interval).
+func (b *builder) liveness(cfg *localproxy.Config) {
+	if b.livenessThreshold != 0 {
+		if b.livenessThreshold < time.Second {
+			b.reject("liveness-threshold", b.livenessThreshold, "want at least 1s")
+		}
+		cfg.LivenessThreshold = b.livenessThreshold
+	}
+	if b.livenessInterval == 0 {
+		return
+	}
+	switch {
+	case b.livenessInterval < time.Second:
+		b.reject("liveness-interval", b.livenessInterval, "want at least 1s")
+	case b.livenessThreshold != 0 && b.livenessThreshold <= b.livenessInterval:
+		b.reject("liveness-threshold", b.livenessThreshold, "want more than "+b.input("liveness-interval", b.livenessInterval))
+	default:
+		b.warn("%s has no effect: /healthz fails when the health-check loop, every %s, has made no probe for %s",
+			b.input("liveness-interval", b.livenessInterval), b.input("health-interval", b.healthInterval), b.src("liveness-threshold"))
+	}
 }
 
 // builder turns options into a localproxy.Config step by step, keeping
@@ -113,20 +144,27 @@ func (b *builder) listeners() listeners {
 	l.bindOK = b.intOK("bind-port", b.bindPort)
 	healthOK := b.intOK("health-port", b.healthPort)
 	for _, a := range splitList(b.bindAddress) {
-		ip, err := netip.ParseAddr(a)
-		if err != nil {
-			b.reject("bind-address", a, "want an IP address, e.g. 127.0.0.1 or ::1")
+		ip, ok := b.bindIP("bind-address", a)
+		if !ok {
 			continue
 		}
 		l.binds = append(l.binds, ip)
 		l.addrs = append(l.addrs, net.JoinHostPort(ip.String(), strconv.Itoa(b.bindPort)))
 	}
 	if len(splitList(b.bindAddress)) == 0 {
-		b.reject("bind-address", b.bindAddress, "want at least one IP address, e.g. 127.0.0.1")
+		b.reject("bind-address", b.bindAddress, "want at least one IP address or host name, e.g. 127.0.0.1 or localhost")
 	}
-	hip, err := netip.ParseAddr(strings.TrimSpace(b.healthBindAddress))
-	if err != nil {
-		b.reject("health-bind-address", b.healthBindAddress, "want an IP address, e.g. 127.0.0.1")
+	// Unset, the health server listens where the proxy does (on the
+	// first address), as extractedprism's did.
+	var hip netip.Addr
+	if h := strings.TrimSpace(b.healthBindAddress); h != "" {
+		var ok bool
+		if hip, ok = b.bindIP("health-bind-address", h); !ok {
+			return l
+		}
+	} else if len(l.binds) > 0 {
+		hip = l.binds[0]
+	} else {
 		return l
 	}
 	l.health = net.JoinHostPort(hip.String(), strconv.Itoa(b.healthPort))
@@ -136,16 +174,51 @@ func (b *builder) listeners() listeners {
 	return l
 }
 
+// bindIP returns the IP address of --bind-address or
+// --health-bind-address entry a: an IP address, or a host name resolved
+// at start to the address net.Listen would take for it (the first IPv4
+// one, else the first).
+func (b *builder) bindIP(name, a string) (netip.Addr, bool) {
+	if ip, err := netip.ParseAddr(a); err == nil {
+		return ip, true
+	}
+	if _, err := upstream.ParseAddr(net.JoinHostPort(a, "1")); err != nil {
+		b.reject(name, a, "want an IP address or a host name, e.g. 127.0.0.1, ::1 or localhost")
+		return netip.Addr{}, false
+	}
+	ips, err := lookupHost(a)
+	if err != nil || len(ips) == 0 {
+		b.reject(name, a, fmt.Sprintf("the host name does not resolve (%v); want an IP address or a host name that resolves, e.g. 127.0.0.1 or localhost", err))
+		return netip.Addr{}, false
+	}
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			return ip.Unmap(), true
+		}
+	}
+	return ips[0], true
+}
+
+// lookupHost resolves a bind address's host name.
+var lookupHost = func(host string) ([]netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
 // checkSharedPort checks that the health address overlaps no bind address
 // when both use the same port: one port may serve both on addresses that
 // do not overlap, and an unspecified address overlaps every other.
 func (b *builder) checkSharedPort(binds []netip.Addr, health netip.Addr) {
 	for _, a := range binds {
 		if a == health || a.IsUnspecified() || health.IsUnspecified() {
+			h := b.input("health-bind-address", b.healthBindAddress)
+			if strings.TrimSpace(b.healthBindAddress) == "" {
+				h = fmt.Sprintf("the health address %s (--health-bind-address unset: the first %s)", health, b.src("bind-address"))
+			}
 			b.add(usagef("invalid %s: %s is the same port, and %s overlaps %s in %s; "+
 				"want a port of its own, or a health address that overlaps no bind address (0.0.0.0 and :: overlap every address)",
-				b.input("health-port", b.healthPort), b.input("bind-port", b.bindPort),
-				b.input("health-bind-address", b.healthBindAddress), a, b.src("bind-address")))
+				b.input("health-port", b.healthPort), b.input("bind-port", b.bindPort), h, a, b.src("bind-address")))
 			return
 		}
 	}
@@ -273,7 +346,12 @@ func (b *builder) discovery(creds *rest.Config, credErr error, l listeners, serv
 	}
 	switch {
 	case creds == nil && b.kubeconfig == "":
-		b.reject("enable-discovery", true, fmt.Sprintf("%v; set --kubeconfig", credErr))
+		// A node before its kubelet has credentials, or a plain service
+		// unit: serve the static endpoints rather than refuse to start.
+		b.warn("discovery is off, serving %s alone: %v; set --kubeconfig, or --enable-discovery=false to silence this", b.src("endpoints"), credErr)
+	case creds != nil && creds.Insecure && b.from["enable-discovery"] == "":
+		b.warn("discovery is off, serving %s alone: the cluster of %s sets insecure-skip-tls-verify, and discovery would send its credentials to endpoints whose certificates are not verified; set --enable-discovery=false to silence this",
+			b.src("endpoints"), b.input("kubeconfig", b.kubeconfig))
 	case creds != nil && creds.Insecure:
 		b.reject("kubeconfig", b.kubeconfig, "its cluster sets insecure-skip-tls-verify, and --enable-discovery would send its credentials to endpoints whose certificates are not verified; want a kubeconfig with certificate-authority (or -data), or no --enable-discovery")
 	case creds != nil && len(l.binds) > 0 && l.bindOK:

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/netip"
+
 	"github.com/apifailover/apifailover/localproxy"
 )
 
@@ -22,6 +24,25 @@ func ParseConfig(args []string, getenv func(string) string) (localproxy.Config, 
 		return localproxy.Config{}, err
 	}
 	return o.config()
+}
+
+// ParseConfigWarnings is ParseConfig, with the warnings run would log.
+func ParseConfigWarnings(args []string, getenv func(string) string) (localproxy.Config, []string, error) {
+	var o options
+	fs := newFlagSet(&o, discard{})
+	if err := parseFlags(fs, &o, args, getenv); err != nil {
+		return localproxy.Config{}, nil, err
+	}
+	cfg, err := o.config()
+	return cfg, o.warnings, err
+}
+
+// SetLookupHost replaces the resolver of bind address host names and
+// returns a function restoring it.
+func SetLookupHost(f func(string) ([]netip.Addr, error)) (restore func()) {
+	old := lookupHost
+	lookupHost = f
+	return func() { lookupHost = old }
 }
 
 // SetServiceAccount points the in-cluster service account files elsewhere

@@ -45,6 +45,12 @@ type options struct {
 	logLevel            string
 	logFormat           string
 	version             bool
+	livenessInterval    time.Duration
+	livenessThreshold   time.Duration
+
+	// warnings are what config found worth saying but not refusing; run
+	// logs them once the logger exists.
+	warnings []string
 
 	// from records where each set value came from: "--flag" or the
 	// environment variable's name.
@@ -68,9 +74,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("localproxy", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name); required")
-	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1", "comma-separated IP addresses to accept clients on, e.g. 127.0.0.1,::1")
+	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1", "comma-separated IP addresses (or host names, resolved at start) to accept clients on, e.g. 127.0.0.1,::1")
 	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
-	fs.StringVar(&o.healthBindAddress, "health-bind-address", "127.0.0.1", "IP address of the health, metrics and status server")
+	fs.StringVar(&o.healthBindAddress, "health-bind-address", "", "IP address or host name of the health, metrics and status server (default: the first --bind-address)")
 	fs.IntVar(&o.healthPort, "health-port", 7446, "port of the health, metrics and status server")
 	fs.StringVar(&o.probe, "probe", "held", "health check: held (one verified HTTP/2 connection held per API server, PINGed every --probe-ping-interval while it carries connections, GET /readyz over it every --probe-readyz-interval: a server that stops answering is noticed between probes, and the handshake and /readyz are not paid every second), readyz (verified TLS + GET /readyz on a new connection every probe), tls (verified TLS handshake) or tcp (connect only)")
 	fs.DurationVar(&o.probePingInterval, "probe-ping-interval", 0, "with --probe=held, how often the held connection of an API server is PINGed while a client's request to it waits for its answer (default "+endpoint.DefaultPingInterval.String()+"; otherwise every "+endpoint.DefaultIdlePingInterval.String()+", every "+endpoint.DefaultUnusedPingInterval.String()+" with no client connection)")
@@ -82,7 +88,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.healthTimeout, "health-timeout", 500*time.Millisecond, "timeout of one health probe (less than --health-interval)")
 	fs.IntVar(&o.rise, "rise", 2, "consecutive successful probes that make an endpoint healthy")
 	fs.IntVar(&o.fall, "fall", 2, "consecutive failed probes that make an endpoint unhealthy")
-	fs.BoolVar(&o.enableDiscovery, "enable-discovery", false, "discover API servers from the kubernetes EndpointSlices, through this proxy")
+	fs.BoolVar(&o.enableDiscovery, "enable-discovery", true, "discover API servers from the kubernetes EndpointSlices, through this proxy, with the credentials of --kubeconfig or the in-cluster service account; with neither, the proxy starts on --endpoints alone and says so")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig with the credentials for discovery and /readyz probes, and the CA for discovery (default: the in-cluster service account, if any); its server is replaced by this proxy")
 	fs.StringVar(&o.stateFile, "state-file", "", "file keeping the last-known-good endpoints for a cold boot (default: none)")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long connections to an endpoint that went down or was removed may stay open; 0 closes them at once")
@@ -90,7 +96,9 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", localproxy.DefaultShutdownTimeout, "on SIGTERM, how long open connections may go on after the listeners close; 0 closes them at once")
 	fs.IntVar(&o.maxConnections, "max-connections", localproxy.DefaultMaxConnections, "maximum concurrent client connections")
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "none", "PROXY protocol header towards the API servers: none, v1 or v2")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log verbosity: error, info, debug, or a number 0-10 (2: failed dials, 4: probes and connections)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log verbosity: error, info, debug, or a number 0-10 (2: failed dials, 4: probes and connections); extractedprism's warn, dpanic, panic and fatal are taken as error")
+	fs.DurationVar(&o.livenessThreshold, "liveness-threshold", 0, "how long the health-check loop may go without a probe before /healthz fails (default 3 × --health-interval + --health-timeout)")
+	fs.DurationVar(&o.livenessInterval, "liveness-interval", 0, "accepted from extractedprism, no effect: the liveness heartbeat is the health-check loop itself, every --health-interval")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {

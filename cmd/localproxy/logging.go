@@ -20,10 +20,15 @@ func parseLogLevel(s string) (slog.Level, error) {
 		return slog.LevelInfo, nil
 	case "debug":
 		return slog.Level(-4), nil
+	case "warn", "warning", "dpanic", "panic", "fatal":
+		// extractedprism's (zap's) levels: localproxy logs no warnings
+		// apart from its information lines, and never panics or exits
+		// on a log line, so all of them show errors only.
+		return slog.LevelError, nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > 10 {
-		return 0, fmt.Errorf("want error, info, debug or a verbosity 0-10")
+		return 0, fmt.Errorf("want error, info, debug, a verbosity 0-10, or extractedprism's warn, dpanic, panic or fatal (taken as error)")
 	}
 	return slog.Level(-n), nil
 }

@@ -90,6 +90,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		log.Info("the file descriptor limit (RLIMIT_NOFILE) cannot hold the default --max-connections: lowered", "maxConnections", lowered,
 			"default", localproxy.DefaultMaxConnections, "fdsPerConnection", fdsPerConn)
 	}
+	for _, w := range o.warnings {
+		log.Info("warning: " + w)
+	}
 	klog.SetLogger(log.WithName("client-go"))
 	cfg.Logger = log
 	p, err := localproxy.New(cfg)

@@ -9,9 +9,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -119,16 +121,20 @@ func TestValidation(t *testing.T) {
 		{"bind port from env", ok, []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"LOCALPROXY_BIND_PORT=70000", "1-65535"}},
 		{"health port 0", append(ok, "--health-port=0"), nil, []string{"--health-port=0", "1-65535"}},
 		{"same ports same address", append(ok, "--bind-port=8000", "--health-port=8000"), nil, []string{
-			`invalid --health-port=8000: --bind-port=8000 is the same port, and --health-bind-address="127.0.0.1" overlaps 127.0.0.1 in --bind-address; `,
+			`invalid --health-port=8000: --bind-port=8000 is the same port, and the health address 127.0.0.1 (--health-bind-address unset: the first --bind-address) overlaps 127.0.0.1 in --bind-address; `,
 			"want a port of its own, or a health address that overlaps no bind address (0.0.0.0 and :: overlap every address)"}},
 		{"same ports, health on all addresses", append(ok, "--health-bind-address=0.0.0.0", "--health-port=7445"), nil, []string{
 			`invalid --health-port=7445: --bind-port=7445 is the same port, and --health-bind-address="0.0.0.0" overlaps 127.0.0.1 in --bind-address;`}},
 		{"same ports, bind on all addresses, from env", append(ok, "--bind-address=127.0.0.2,::"),
 			[]string{"LOCALPROXY_HEALTH_PORT", "7445", "LOCALPROXY_HEALTH_BIND_ADDRESS", "::1"}, []string{
 				`invalid LOCALPROXY_HEALTH_PORT=7445 (--health-port): --bind-port=7445 is the same port, and LOCALPROXY_HEALTH_BIND_ADDRESS="::1" (--health-bind-address) overlaps :: in --bind-address;`}},
-		{"bind address not an IP", append(ok, "--bind-address=localhost"), nil, []string{"--bind-address", `"localhost"`, "IP address"}},
+		{"bind address neither IP nor host name", append(ok, "--bind-address=local_host"), nil, []string{"--bind-address", `"local_host"`, "IP address or a host name"}},
+		{"bind address does not resolve", append(ok, "--bind-address=nowhere.invalid"), nil, []string{"--bind-address", `"nowhere.invalid"`, "does not resolve"}},
 		{"bind address empty", append(ok, "--bind-address="), nil, []string{"--bind-address", "at least one"}},
-		{"health bind address not an IP", append(ok, "--health-bind-address=nowhere"), nil, []string{"--health-bind-address", `"nowhere"`}},
+		{"health bind address neither IP nor host name", append(ok, "--health-bind-address=no_where"), nil, []string{"--health-bind-address", `"no_where"`}},
+		{"liveness interval below 1s", append(ok, "--liveness-interval=500ms"), nil, []string{"--liveness-interval=500ms", "at least 1s"}},
+		{"liveness threshold below 1s", append(ok, "--liveness-threshold=10ms"), nil, []string{"--liveness-threshold=10ms", "at least 1s"}},
+		{"liveness threshold not above interval", append(ok, "--liveness-interval=5s", "--liveness-threshold=5s"), nil, []string{"--liveness-threshold=5s", "more than --liveness-interval=5s"}},
 		{"probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http"}, nil, []string{"--probe", `"http"`, "readyz, held, tls or tcp"}},
 		{"probe mode from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{"LOCALPROXY_PROBE", `"ping"`}},
 		{"interval below 1s", append(ok, "--health-interval=500ms", "--health-timeout=100ms"), nil, []string{"--health-interval=500ms", "at least 1s"}},
@@ -142,7 +148,6 @@ func TestValidation(t *testing.T) {
 		{"CA file missing", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.missing}, nil, []string{"--ca-file", f.missing, "readable"}},
 		{"CA file not PEM", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.notPEM}, nil, []string{"--ca-file", f.notPEM, "PEM"}},
 		{"server name", append(ok, "--tls-server-name=bad_name"), nil, []string{"--tls-server-name", `"bad_name"`}},
-		{"discovery without credentials", append(ok, "--enable-discovery"), nil, []string{"--enable-discovery=true", "--kubeconfig"}},
 		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"kubeconfig invalid", append(ok, "--enable-discovery", "--kubeconfig="+f.notPEM), nil, []string{"--kubeconfig", f.notPEM, "valid kubeconfig"}},
 		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
@@ -183,8 +188,16 @@ func TestInsecureKubeconfig(t *testing.T) {
 	}
 	// Without discovery the kubeconfig only gives the probes credentials,
 	// and probes verify certificates with --ca-file.
-	_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.insecure}, env())
+	cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.insecure, "--enable-discovery=false"}, env())
 	require.NoError(t, err)
+	assert.Nil(t, cfg.Discovery)
+	// Discovery by default, not asked for: off, with a warning.
+	cfg, warnings, err := main.ParseConfigWarnings([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.insecure}, env())
+	require.NoError(t, err)
+	assert.Nil(t, cfg.Discovery)
+	require.Len(t, warnings, 1)
+	assert.Contains(t, warnings[0], "discovery is off")
+	assert.Contains(t, warnings[0], "insecure-skip-tls-verify")
 }
 
 func TestValidationReportsEveryProblem(t *testing.T) {
@@ -351,7 +364,7 @@ func TestValidConfigs(t *testing.T) {
 	t.Run("probes use the kubeconfig's credentials", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.kubeconfig}, env())
 		require.NoError(t, err)
-		assert.Nil(t, cfg.Discovery)
+		assert.NotNil(t, cfg.Discovery, "discovery is on by default where there are credentials")
 		pr := newProber(t, cfg)
 		require.NotNil(t, pr.Authorization)
 		assert.Equal(t, "Bearer secret", pr.Authorization())
@@ -394,7 +407,7 @@ func TestVersionAndHelp(t *testing.T) {
 	assert.Contains(t, stderr.String(), "  --health-interval duration ")
 	assert.Contains(t, stderr.String(), "  --bind-port int ")
 	assert.Contains(t, stderr.String(), "  --enable-discovery ")
-	assert.NotContains(t, stderr.String(), "panic")
+	assert.NotContains(t, stderr.String(), "panic:")
 	stderr.Reset()
 	assert.Equal(t, main.ExitOK, main.Run(t.Context(), []string{"status", "-h"}, env(), io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "  --timeout duration ")
@@ -491,4 +504,75 @@ func TestStatusErrors(t *testing.T) {
 	stderr.Reset()
 	assert.Equal(t, 1, main.Run(t.Context(), []string{"status", "--health-port=" + strconv.Itoa(freePort(t))}, env(), io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "connect")
+}
+
+// What extractedprism's users have in their manifests starts localproxy
+// with the same meaning, or with a warning where localproxy has no such
+// setting, never with exit 2.
+func TestExtractedprismFlags(t *testing.T) {
+	f := newFiles(t)
+	defer main.SetServiceAccount(f.missing, f.missing)()
+	defer main.SetLookupHost(func(host string) ([]netip.Addr, error) {
+		if host == "localhost" {
+			return []netip.Addr{netip.MustParseAddr("::1"), netip.MustParseAddr("127.0.0.1")}, nil
+		}
+		return nil, fmt.Errorf("lookup %s: no such host", host)
+	})()
+	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
+
+	t.Run("host name bind address, health server beside it", func(t *testing.T) {
+		cfg, warnings, err := main.ParseConfigWarnings(append(ok, "--bind-address=localhost", "--enable-discovery=false"), env())
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:7445"}, cfg.ListenAddresses, "the address net.Listen would take: IPv4 first")
+		assert.Equal(t, "127.0.0.1:7446", cfg.HealthAddress)
+		assert.Empty(t, warnings)
+	})
+	t.Run("health bind address defaults to the bind address", func(t *testing.T) {
+		cfg, err := main.ParseConfig(append(ok, "--bind-address=127.0.0.2,127.0.0.3"), env())
+		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.2:7446", cfg.HealthAddress)
+	})
+	t.Run("host name health bind address", func(t *testing.T) {
+		cfg, err := main.ParseConfig(append(ok, "--health-bind-address=localhost"), env())
+		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.1:7446", cfg.HealthAddress)
+	})
+	t.Run("unresolvable host name", func(t *testing.T) {
+		_, err := main.ParseConfig(append(ok, "--bind-address=api.example"), env())
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `invalid --bind-address="api.example": the host name does not resolve`)
+	})
+	for _, level := range []string{"debug", "info", "warn", "error", "dpanic", "panic", "fatal"} {
+		t.Run("log level "+level, func(t *testing.T) {
+			_, err := main.ParseConfig(append(ok, "--log-level="+level), env())
+			require.NoError(t, err)
+		})
+	}
+	t.Run("liveness flags", func(t *testing.T) {
+		cfg, warnings, err := main.ParseConfigWarnings(append(ok, "--liveness-interval=5s", "--liveness-threshold=15s", "--enable-discovery=false"), env())
+		require.NoError(t, err)
+		assert.Equal(t, 15*time.Second, cfg.LivenessThreshold)
+		require.Len(t, warnings, 1)
+		assert.Contains(t, warnings[0], "--liveness-interval=5s has no effect")
+	})
+	t.Run("discovery on by default, off without credentials, with a warning", func(t *testing.T) {
+		cfg, warnings, err := main.ParseConfigWarnings(ok, env())
+		require.NoError(t, err)
+		assert.Nil(t, cfg.Discovery)
+		require.Len(t, warnings, 1)
+		assert.Contains(t, warnings[0], "discovery is off, serving --endpoints alone")
+		assert.Contains(t, warnings[0], "--enable-discovery=false to silence this")
+	})
+	t.Run("discovery off, no warning", func(t *testing.T) {
+		_, warnings, err := main.ParseConfigWarnings(append(ok, "--enable-discovery=false"), env())
+		require.NoError(t, err)
+		assert.Empty(t, warnings)
+	})
+	t.Run("the warning is logged", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel() // run returns once started
+		var stderr bytes.Buffer
+		main.Run(ctx, append(ok, "--bind-port="+strconv.Itoa(freePort(t)), "--health-port="+strconv.Itoa(freePort(t))), env(), io.Discard, &stderr)
+		assert.Contains(t, stderr.String(), "warning: discovery is off")
+	})
 }

@@ -65,6 +65,7 @@ func TestTCPConnsOfSelf(t *testing.T) {
 		}
 		close(accepted)
 	}()
+	dialed := time.Now()
 	c, err := net.Dial("tcp4", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +91,9 @@ func TestTCPConnsOfSelf(t *testing.T) {
 	if n := len(w.openTo(ln.Addr().String())); n != 1 {
 		t.Errorf("openTo: %d connections, want 1", n)
 	}
-	if s := w.serving(); s != "" {
+	// On a loaded machine the connection may be older than that by now;
+	// then there is nothing to check.
+	if s := w.serving(); s != "" && time.Since(dialed) < watcherMinAge {
 		t.Errorf("serving = %q for a connection younger than %s, want none", s, watcherMinAge)
 	}
 }

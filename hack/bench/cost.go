@@ -668,6 +668,7 @@ func costLocalProxyArgs(servers []string, caFile, serverName, kubeconfig string,
 		"--ca-file=" + caFile,
 		"--tls-server-name=" + serverName,
 		"--kubeconfig=" + kubeconfig,
+		"--enable-discovery=false",
 		"--probe=" + mode,
 		"--shutdown-timeout=0",
 	}

@@ -368,6 +368,8 @@ func localproxyArgs(servers []string, caFile, serverName, kubeconfig string) []s
 	}
 	if kubeconfig != "" {
 		args = append(args, "--enable-discovery", "--kubeconfig="+kubeconfig)
+	} else {
+		args = append(args, "--enable-discovery=false")
 	}
 	return args
 }
