@@ -49,6 +49,9 @@ func (o *options) config() (localproxy.Config, error) {
 	cfg.StateFile = o.stateFile
 	b.connections(&cfg)
 	b.liveness(&cfg)
+	if o.exporter = b.export(); o.exporter != nil {
+		o.exporter.origin = cfg.Origin
+	}
 	b.logging()
 	return cfg, errors.Join(b.errs...)
 }

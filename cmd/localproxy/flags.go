@@ -47,6 +47,13 @@ type options struct {
 	version             bool
 	livenessInterval    time.Duration
 	livenessThreshold   time.Duration
+	exportTemplate      string
+	exportFile          string
+	exportCommand       string
+	exportDebounce      time.Duration
+
+	// exporter is the export config built; nil without --export-template.
+	exporter *exporter
 
 	// warnings are what config found worth saying but not refusing; run
 	// logs them once the logger exists.
@@ -100,6 +107,10 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.livenessThreshold, "liveness-threshold", 0, "how long the health-check loop may go without a probe before /healthz fails (default 3 × --health-interval + --health-timeout)")
 	fs.DurationVar(&o.livenessInterval, "liveness-interval", 0, "accepted from extractedprism, no effect: the liveness heartbeat is the health-check loop itself, every --health-interval")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.exportTemplate, "export-template", "", "Go text/template file rendering the healthy API servers (.Endpoints: .Addr .Host .Port .Name .Zone; .Origin) into --export-file on every change, for an external load balancer's backends (templates for HAProxy and nginx are in deploy/export/)")
+	fs.StringVar(&o.exportFile, "export-file", "", "with --export-template, the file to write (atomically)")
+	fs.StringVar(&o.exportCommand, "export-command", "", "with --export-template, a shell command run after each write, e.g. to reload the load balancer; a failure is logged and retried")
+	fs.DurationVar(&o.exportDebounce, "export-debounce", 0, "with --export-template, how long changes must pause before an export (default "+defaultExportDebounce.String()+")")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n"+

@@ -102,6 +102,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision, "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
 		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
+	if e := o.exporter; e != nil {
+		e.pool, e.log = p.Pool(), log.WithName("export")
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); e.run(ctx) }()
+		defer func() { cancel(); <-done }()
+	}
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "localproxy failed")
 		return exitError

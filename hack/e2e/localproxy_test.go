@@ -22,7 +22,8 @@ import (
 // localproxy on one test bed: kubectl through the in-process proxy under
 // faults, the manifests through the apiserver's dry run, the
 // cmd/localproxy binary started by hand, and a user's kubeconfig
-// rewritten by "localproxy kubeconfig".
+// rewritten by "localproxy kubeconfig", and a real HAProxy's backends kept
+// equal to the healthy apiservers by the export.
 func TestLocalProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -31,6 +32,7 @@ func TestLocalProxy(t *testing.T) {
 	t.Run("deploy-dry-run", func(t *testing.T) { testDeployDryRun(t, ctx, bed) })
 	t.Run("binary", func(t *testing.T) { testBinary(t, ctx, bed) })
 	t.Run("kubeconfig", func(t *testing.T) { testKubeconfigSubcommand(t, ctx, bed) })
+	t.Run("export", func(t *testing.T) { testExport(t, ctx, bed) })
 }
 
 // kubectlAt runs the bed's kubectl with kubeconfig, bounded by 20 s.

@@ -6,11 +6,13 @@
 #   iproute2     `ip` to configure the private network namespace
 #   openssl      handy for inspecting the generated certificates
 #   util-linux   `unshare` for the private network namespace, `flock`
+#   haproxy      HAProxy (Debian 12: 2.6): the external load balancer whose
+#                backends localproxy's export rewrites in the e2e suite, and
+#                a peer of the benchmark
 #
-# With --bench it also installs the peers of the benchmark in hack/bench,
+# With --bench it also installs the other peer of the benchmark in hack/bench,
 # the localhost load balancers kubespray puts on worker nodes:
 #
-#   haproxy              HAProxy (Debian 12: 2.6)
 #   nginx                nginx (Debian 12: 1.22)
 #   libnginx-mod-stream  nginx's stream (TCP proxy) module, a dynamic module
 #
@@ -40,9 +42,9 @@ declare -A want=(
   [openssl]=openssl
   [unshare]=util-linux
   [flock]=util-linux
+  [haproxy]=haproxy
 )
 if [[ ${bench} -eq 1 ]]; then
-  want[haproxy]=haproxy
   want[nginx]=nginx
 fi
 
@@ -121,18 +123,19 @@ if pids="$(pgrep -x etcd -u etcd 2>/dev/null)"; then
   # shellcheck disable=SC2086
   kill ${pids} 2>/dev/null || true
 fi
-# The same for the benchmark peers: the benchmark runs its own instances.
-if [[ ${bench} -eq 1 ]]; then
-  for svc in haproxy nginx; do
-    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
-      systemctl stop "${svc}.service" >/dev/null 2>&1 || true
-      systemctl disable "${svc}.service" >/dev/null 2>&1 || true
-    elif command -v service >/dev/null 2>&1; then
-      service "${svc}" stop >/dev/null 2>&1 || true
-    fi
-    if command -v update-rc.d >/dev/null 2>&1; then
-      update-rc.d "${svc}" disable >/dev/null 2>&1 || true
-    fi
-  done
-fi
+# The same for the load balancers: the tests and the benchmark run their own
+# instances.
+svcs=(haproxy)
+[[ ${bench} -eq 0 ]] || svcs+=(nginx)
+for svc in "${svcs[@]}"; do
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    systemctl stop "${svc}.service" >/dev/null 2>&1 || true
+    systemctl disable "${svc}.service" >/dev/null 2>&1 || true
+  elif command -v service >/dev/null 2>&1; then
+    service "${svc}" stop >/dev/null 2>&1 || true
+  fi
+  if command -v update-rc.d >/dev/null 2>&1; then
+    update-rc.d "${svc}" disable >/dev/null 2>&1 || true
+  fi
+done
 log "done ($(versions))"
