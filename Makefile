@@ -10,17 +10,24 @@ export KUBE_VERSION
 # Linters, fetched through the Go module proxy and pinned.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test unit e2e demo bench image compat lint deps kube fmt vet tidy clean
+.PHONY: all test unit chart e2e demo bench image compat lint deps kube fmt vet tidy clean
 
 all: test
 
-## test: unit tests (race detector) then the end-to-end suite on a real control plane.
-test: unit e2e
+## test: unit tests (race detector), the Helm chart, then the end-to-end suite on a real control plane.
+test: unit chart e2e
 
 ## unit: vet and race-enabled unit tests of the libraries.
 unit: vet
 	@echo "==> unit tests (go test -race $(UNIT_PKGS))"
 	$(GO) test -race -count=1 -timeout 15m $(UNIT_PKGS)
+
+## chart: helm lint and helm template of cmd/localproxy/deploy/chart, the source
+## of deploy/daemonset.yaml, which must equal its rendering (helm from its Go
+## module, pinned; the first build takes minutes).
+chart:
+	@echo "==> Helm chart (hack/tools/chart.sh check)"
+	bash hack/tools/chart.sh check
 
 ## deps: OS packages (etcd, iptables, iproute2) and kube-apiserver/kubectl $(KUBE_VERSION).
 deps:

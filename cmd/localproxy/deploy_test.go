@@ -120,7 +120,7 @@ func TestDaemonSetManifest(t *testing.T) {
 	assert.Equal(t, ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
 	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, spec.DNSPolicy)
 	c := checkPodSpec(t, spec)
-	assert.Contains(t, c.Args, "--enable-discovery")
+	assert.Contains(t, c.Args, "--enable-discovery=true")
 
 	// The arguments validate, given a service account.
 	dir := t.TempDir()
