@@ -10,7 +10,7 @@ export KUBE_VERSION
 # Linters, fetched through the Go module proxy and pinned.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test unit chart e2e demo bench image compat lint deps kube fmt vet tidy clean
+.PHONY: all test unit chart e2e chaos demo bench image compat lint deps kube fmt vet tidy clean
 
 all: test
 
@@ -41,6 +41,14 @@ e2e: deps
 	@echo "==> test bed smoke test and end-to-end suite"
 	mkdir -p _output/e2e
 	APIFAILOVER_E2E=1 $(GO) test -count=1 -timeout 40m -v ./hack/... 2>&1 | tee _output/e2e/go-test.log; exit $${PIPESTATUS[0]}
+
+## chaos: a seeded soak of random faults under load with invariants (hack/chaos):
+## DURATION (default 10m) and SEED (default: from the clock) choose it; the
+## same pair replays the same schedule. Results in _output/chaos/summary.json.
+DURATION ?= 10m
+SEED ?= 0
+chaos: deps
+	DURATION=$(DURATION) SEED=$(SEED) $(GO) run ./hack/chaos/run
 
 ## demo: start a local control plane and show failover live (no flags needed).
 demo: deps

@@ -1,0 +1,590 @@
+// Package chaos is a seeded soak: random faults (Plan) on a real control
+// plane (hack/testbed) under load from real client-go clients, half
+// through transport.Wrap and half through an in-process localproxy, with
+// invariants checked at the end that prove nothing was lost. make chaos
+// runs it; make test runs a 2-minute soak.
+package chaos
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+	"github.com/apifailover/apifailover/hack/workload"
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport"
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// Options configure a soak.
+type Options struct {
+	// Seed makes the fault schedule; the same seed and Duration give the
+	// same schedule.
+	Seed uint64
+	// Duration of the soak, warm-up and cool-down included.
+	Duration time.Duration
+	// Out is the directory of summary.json and the logs. Required.
+	Out string
+	// Log receives progress lines. Required.
+	Log io.Writer
+	// Bed configures the test bed (InstallDeps, Dir, Version, ...);
+	// APIServers is set to 3.
+	Bed testbed.Options
+}
+
+// Failure classes.
+const (
+	classFault      = "fault-window"
+	classAllDown    = "all-down"
+	classUnexplain  = "unexplained"
+	failoverGrace   = 3 * time.Second  // after a fault is lifted, its failures may still end
+	workloadsPerWay = 2                // workloads per path
+	leakSlack       = 10               // goroutines or fds above baseline tolerated
+	minSuccess      = 0.999            // outside the all-down phase
+	stopLimit       = 60 * time.Second // for the informers to see the last creates
+)
+
+// Summary is the soak's result, written to summary.json.
+type Summary struct {
+	Seed       uint64  `json:"seed"`
+	Duration   float64 `json:"duration_s"`
+	Schedule   []Step  `json:"schedule"`
+	Replay     string  `json:"replay"`
+	Operations int     `json:"operations"`
+	// Failures by class: fault-window, all-down, unexplained.
+	Failures map[string]int `json:"failures"`
+	// FailuresByFault counts the fault-window failures by the fault
+	// (kind) and path: "hang/localproxy".
+	FailuresByFault map[string]int `json:"failures_by_fault"`
+	// SuccessRatio counts every request but those failed in the all-down
+	// phase.
+	SuccessRatio float64 `json:"success_ratio"`
+	// EventsLost: acknowledged creates an informer never saw, plus
+	// objects in the apiserver an informer never saw.
+	EventsLost int `json:"events_lost"`
+	// Phantoms: objects an informer saw that the apiserver does not have.
+	Phantoms int `json:"phantoms"`
+	// Duplicates: logical creates (generateName, one operation id each)
+	// that made more than one object.
+	Duplicates int `json:"duplicates"`
+	// AckedMissing: acknowledged creates the apiserver does not have.
+	AckedMissing     int            `json:"acked_missing"`
+	Relists          int            `json:"relists"`
+	LeakedGoroutines int            `json:"leaked_goroutines"`
+	LeakedFDs        int            `json:"leaked_fds"`
+	MaxRSSBytes      int64          `json:"max_rss_bytes"`
+	SecretsInLogs    int            `json:"secrets_in_logs"`
+	ByPath           map[string]int `json:"operations_by_path"`
+	// SuccessByPath is SuccessRatio per path.
+	SuccessByPath map[string]float64 `json:"success_ratio_by_path"`
+	// Violations are the invariants that failed: the soak fails.
+	Violations []string `json:"violations"`
+	// TargetsMissed are targets not met (the success ratio): reported,
+	// the soak does not fail on them.
+	TargetsMissed []string `json:"targets_missed"`
+}
+
+// window is a fault as it happened.
+type window struct {
+	kind       Kind
+	start, end time.Time
+}
+
+// run is one soak in progress.
+type run struct {
+	opts Options
+	bed  *testbed.Bed
+	say  func(format string, args ...any)
+	logs syncBuffer // the clients' and localproxy's logs
+}
+
+// Run runs a soak and returns its summary; the error says which
+// invariants failed (the summary is written either way when the soak got
+// that far).
+func Run(ctx context.Context, opts Options) (*Summary, error) {
+	if opts.Duration <= 0 || opts.Out == "" || opts.Log == nil {
+		return nil, errors.New("chaos: Duration, Out and Log are required")
+	}
+	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	r := &run{opts: opts}
+	r.say = func(format string, args ...any) {
+		fmt.Fprintf(opts.Log, "%7.1fs  %s\n", time.Since(began).Seconds(), fmt.Sprintf(format, args...))
+	}
+	plan := Plan(opts.Seed, opts.Duration, 3)
+	replay := fmt.Sprintf("make chaos SEED=%d DURATION=%s", opts.Seed, opts.Duration)
+	r.say("seed %d, %s (replay: %s); schedule, in seconds after the load starts:\n%s", opts.Seed, opts.Duration, replay, FormatPlan(plan))
+
+	bopts := opts.Bed
+	bopts.APIServers = 3
+	if bopts.Log == nil {
+		bopts.Log = io.Discard
+	}
+	bed, err := testbed.Start(ctx, bopts)
+	if err != nil {
+		return nil, err
+	}
+	defer bed.Close()
+	r.bed = bed
+	r.say("test bed up: %d kube-apiservers", len(bed.APIServers()))
+	baseG, baseFD := runtime.NumGoroutine(), countFDs()
+
+	s := &Summary{Seed: opts.Seed, Duration: opts.Duration.Seconds(), Schedule: plan, Replay: replay,
+		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, ByPath: map[string]int{}}
+	var violations []string
+	violate := func(format string, args ...any) {
+		v := fmt.Sprintf(format, args...)
+		violations = append(violations, v)
+		r.say("VIOLATION: %s", v)
+	}
+
+	results, windows, err := r.soak(ctx, plan)
+	if err != nil {
+		return nil, err
+	}
+
+	// The truth: what the apiservers hold, read once every fault is gone.
+	if err := bed.Heal(ctx); err != nil {
+		return nil, fmt.Errorf("heal after the soak: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(bed.RESTConfig(testbed.Direct(1)))
+	if err != nil {
+		return nil, err
+	}
+	allDown := 0
+	var total, failed int
+	pathTotal, pathFailed := map[string]int{}, map[string]int{}
+	for name, res := range results {
+		ns := name
+		list, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("listing %s: %w", ns, err)
+		}
+		truth := map[string]bool{}
+		for _, cm := range list.Items {
+			if cm.Name != "kube-root-ca.crt" {
+				truth[cm.Name] = true
+			}
+		}
+		seen := map[string]bool{}
+		for _, sg := range res.Seen {
+			seen[sg.Name] = true
+		}
+		lost := len(res.Lost())
+		for n := range truth {
+			if !seen[n] {
+				lost++
+			}
+		}
+		phantoms := 0
+		for n := range seen {
+			if !truth[n] {
+				phantoms++
+			}
+		}
+		acked := 0
+		for _, n := range res.Created() {
+			if !truth[n] {
+				acked++
+			}
+		}
+		s.EventsLost += lost
+		s.Phantoms += phantoms
+		s.AckedMissing += acked
+		s.Duplicates += len(res.Duplicates())
+		s.Relists += res.Relists()
+		path := name[:strings.IndexByte(name, '-')]
+		for _, rq := range slices.Concat(res.Gets, res.Writes) {
+			total++
+			s.ByPath[path]++
+			if rq.OK() {
+				pathTotal[path]++
+				continue
+			}
+			c, kind := classify(rq, windows)
+			s.Failures[c]++
+			switch c {
+			case classAllDown:
+				allDown++
+				continue
+			case classFault:
+				s.FailuresByFault[string(kind)+"/"+path]++
+			case classUnexplain:
+				r.say("unexplained failure on %s: %s..%s: %v", name, rq.Start.Format("15:04:05.000"), rq.End.Format("15:04:05.000"), rq.Err)
+			}
+			failed++
+			pathTotal[path]++
+			pathFailed[path]++
+		}
+	}
+	s.Operations = total
+	if n := total - allDown; n > 0 {
+		s.SuccessRatio = float64(n-failed) / float64(n)
+	}
+	s.SuccessByPath = map[string]float64{}
+	for path, n := range pathTotal {
+		s.SuccessByPath[path] = float64(n-pathFailed[path]) / float64(n)
+	}
+	if s.EventsLost > 0 {
+		violate("%d events lost (created but never seen by an informer)", s.EventsLost)
+	}
+	if s.Phantoms > 0 {
+		violate("%d phantom objects in informer caches", s.Phantoms)
+	}
+	if s.Duplicates > 0 {
+		violate("%d logical creates made more than one object", s.Duplicates)
+	}
+	if s.AckedMissing > 0 {
+		violate("%d acknowledged creates missing from the apiserver", s.AckedMissing)
+	}
+	if n := s.Failures[classUnexplain]; n > 0 {
+		violate("%d failures outside every fault window", n)
+	}
+	// The success target is reported, not enforced: see README, "Chaos
+	// soak".
+	for path, ratio := range s.SuccessByPath {
+		if ratio < minSuccess {
+			miss := fmt.Sprintf("%s: success ratio %.5f below the target %.3f (all-down phase excluded; fault-window failures %v)", path, ratio, minSuccess, s.FailuresByFault)
+			s.TargetsMissed = append(s.TargetsMissed, miss)
+			r.say("TARGET MISSED: %s", miss)
+		}
+	}
+	slices.Sort(s.TargetsMissed)
+
+	// Everything the soak started is stopped: back to the baseline.
+	g, fd := settledCounts(baseG, baseFD)
+	s.LeakedGoroutines, s.LeakedFDs = max(g-baseG, 0), max(fd-baseFD, 0)
+	if s.LeakedGoroutines > leakSlack {
+		violate("%d goroutines above the baseline of %d after the clients stopped", s.LeakedGoroutines, baseG)
+	}
+	if s.LeakedFDs > leakSlack {
+		violate("%d file descriptors above the baseline of %d after the clients stopped", s.LeakedFDs, baseFD)
+	}
+	s.MaxRSSBytes = maxRSS()
+
+	logs := r.logs.String()
+	if err := os.WriteFile(filepath.Join(opts.Out, "clients.log"), []byte(logs), 0o644); err != nil {
+		return nil, err
+	}
+	for _, secret := range []string{bed.AdminToken(), bed.Token(testbed.LocalProxyIdentity)} {
+		if secret != "" {
+			s.SecretsInLogs += strings.Count(logs, secret)
+		}
+	}
+	if s.SecretsInLogs > 0 {
+		violate("a bearer token of the test bed appears %d times in the logs", s.SecretsInLogs)
+	}
+	s.Violations = violations
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(opts.Out, "summary.json"), append(b, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	r.say("failures in fault windows by fault and path: %v", s.FailuresByFault)
+	r.say("success by path (all-down phase excluded): %v", s.SuccessByPath)
+	r.say("%d operations (%v), failures %v, success %.5f; lost %d, phantoms %d, duplicates %d, acked missing %d, relists %d; leaked goroutines %d, fds %d; max RSS %d MiB; secrets in logs %d",
+		s.Operations, s.ByPath, s.Failures, s.SuccessRatio, s.EventsLost, s.Phantoms, s.Duplicates, s.AckedMissing, s.Relists,
+		s.LeakedGoroutines, s.LeakedFDs, s.MaxRSSBytes>>20, s.SecretsInLogs)
+	if len(violations) > 0 {
+		return s, fmt.Errorf("chaos: %d invariants failed (%s):\n%s", len(violations), replay, strings.Join(violations, "\n"))
+	}
+	return s, nil
+}
+
+// soak starts the clients, runs the plan, stops the clients and returns
+// their results by workload name (path-n) and the fault windows.
+func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Results, []window, error) {
+	bed := r.bed
+	log := funcr.New(func(prefix, args string) { r.logs.WriteString(prefix + " " + args + "\n") }, funcr.Options{Verbosity: 4})
+
+	// The transport path.
+	f, err := transport.Wrap(ctx, bed.RESTConfig(testbed.Origin), transport.Options{Logger: log.WithName("transport")})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+
+	// The localproxy path, in this process, as the e2e suite runs it.
+	p, stopProxy, err := startLocalProxy(ctx, bed, log.WithName("localproxy"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stopProxy()
+	lcfg := bed.RESTConfig(testbed.LocalProxy)
+	lhc, err := rest.HTTPClientFor(lcfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer lhc.CloseIdleConnections()
+	if err := waitHealthy(ctx, func() bool { return p.Pool().Healthy() && f.Pool().Healthy() }); err != nil {
+		return nil, nil, err
+	}
+
+	suffix := strconv.FormatInt(time.Now().Unix(), 36)
+	ws := map[string]*workload.Workload{}
+	for i := range workloadsPerWay {
+		for _, way := range []struct {
+			name string
+			cfg  *rest.Config
+			hc   *http.Client
+		}{{"transport", f.Config(), f.HTTPClient()}, {"localproxy", lcfg, lhc}} {
+			name := fmt.Sprintf("%s-%d-%s", way.name, i+1, suffix)
+			w, err := workload.Start(ctx, workload.Config{
+				RESTConfig: way.cfg, HTTPClient: way.hc, Namespace: name, GenerateName: true,
+			})
+			if err != nil {
+				for _, w := range ws {
+					w.Stop(ctx)
+				}
+				return nil, nil, fmt.Errorf("workload %s: %w", name, err)
+			}
+			ws[name] = w
+		}
+	}
+	r.say("load: %d workloads (%d through transport.Wrap, %d through localproxy), each an informer, a generateName create every 100ms and a GET every 50ms",
+		len(ws), workloadsPerWay, workloadsPerWay)
+
+	// The schedule's clock starts now, with the load.
+	windows, err := r.inject(ctx, plan, time.Now())
+	results := map[string]workload.Results{}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopLimit)
+	defer cancel()
+	for name, w := range ws {
+		results[name] = w.Stop(stopCtx)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return results, windows, nil
+}
+
+// inject runs the plan: each step's fault from its time for its
+// duration, then waits for the end of the soak.
+func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]window, error) {
+	servers := r.bed.APIServers()
+	var windows []window
+	wait := func(until time.Duration) error {
+		t := time.NewTimer(time.Until(began.Add(until)))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+	for _, st := range plan {
+		if err := wait(st.At); err != nil {
+			return windows, err
+		}
+		w := window{kind: st.Kind, start: time.Now()}
+		r.say("FAULT %s", strings.TrimSpace(st.String()))
+		lift, err := r.fault(ctx, st, servers)
+		if err != nil {
+			return windows, fmt.Errorf("%v: %w", st, err)
+		}
+		if err := wait(st.End()); err != nil {
+			return windows, err
+		}
+		if err := lift(); err != nil {
+			return windows, fmt.Errorf("lifting %v: %w", st, err)
+		}
+		w.end = time.Now()
+		windows = append(windows, w)
+		r.say("lifted %s after %.1fs", st.Kind, w.end.Sub(w.start).Seconds())
+	}
+	return windows, wait(r.opts.Duration)
+}
+
+// fault injects st's fault and returns what lifts it.
+func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) (func() error, error) {
+	if st.Kind == AllDown {
+		for _, s := range servers {
+			if err := s.Kill(); err != nil {
+				return nil, err
+			}
+		}
+		return func() error { return r.bed.Heal(ctx) }, nil
+	}
+	s := servers[st.Server]
+	restore := s.Restore
+	var err error
+	switch st.Kind {
+	case Kill:
+		err = s.Kill()
+		restore = func() error { return s.Restart(ctx) }
+	case Hang:
+		err = s.Hang()
+		restore = s.Resume
+	case Blackhole:
+		err = s.Blackhole()
+	case Reject:
+		err = s.Reject()
+	case Lossy:
+		err = s.Lossy(0.2)
+	case Slow:
+		err = s.Slow(testbed.Slowness{})
+		restore = s.Fast
+	case Graceful:
+		err = s.Terminate()
+		restore = func() error { return s.Restart(ctx) }
+	default:
+		err = fmt.Errorf("unknown fault %q", st.Kind)
+	}
+	return restore, err
+}
+
+// classify says why a failed request failed: it overlapped the all-down
+// phase, another fault's window (plus the grace after it; kind is the
+// fault's), or neither.
+func classify(rq workload.Request, windows []window) (class string, kind Kind) {
+	class = classUnexplain
+	for _, w := range windows {
+		if rq.End.Before(w.start) || rq.Start.After(w.end.Add(failoverGrace)) {
+			continue
+		}
+		if w.kind == AllDown {
+			return classAllDown, AllDown
+		}
+		class, kind = classFault, w.kind
+	}
+	return class, kind
+}
+
+// startLocalProxy runs a localproxy in this process in front of the bed's
+// apiservers on the bed's LocalProxy address: held probes verified with
+// the bed's CA, discovery through the proxy as the localproxy identity.
+func startLocalProxy(ctx context.Context, bed *testbed.Bed, log logr.Logger) (*localproxy.Proxy, func(), error) {
+	var eps []string
+	for _, s := range bed.APIServers() {
+		eps = append(eps, s.Addr())
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
+		return nil, nil, errors.New("bed CA: no certificate")
+	}
+	cfg := bed.RESTConfig(testbed.LocalProxy)
+	listen := strings.TrimPrefix(cfg.Host, "https://")
+	id := bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity)
+	p, err := localproxy.New(localproxy.Config{
+		Endpoints:       eps,
+		Origin:          bed.OriginName(),
+		ListenAddresses: []string{listen},
+		HealthAddress:   "127.0.0.1:0",
+		Probe:           &endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: bed.OriginName(), RootCAs: roots, BearerToken: id.BearerToken},
+		Pool:            upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
+		Discovery:       localproxy.DiscoveryConfig(id, listen, bed.OriginName()),
+		ShutdownTimeout: -1,
+		Registry:        prometheus.NewRegistry(),
+		Logger:          log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pctx) }()
+	stop := func() { cancel(); <-done }
+	select {
+	case <-p.Ready():
+		return p, stop, nil
+	case err := <-done:
+		cancel()
+		return nil, nil, fmt.Errorf("localproxy: %w", err)
+	}
+}
+
+func waitHealthy(ctx context.Context, ok func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !ok() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("clients not healthy: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// settledCounts returns the goroutine and fd counts of this process once
+// they stop falling towards (g, fd) (or after 15s): goroutines of closed
+// connections take a moment to go.
+func settledCounts(g, fd int) (int, int) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ng, nfd := runtime.NumGoroutine(), countFDs()
+		if (ng <= g+leakSlack && nfd <= fd+leakSlack) || time.Now().After(deadline) {
+			return ng, nfd
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func countFDs() int {
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	return len(es)
+}
+
+// maxRSS is this process's peak resident set (VmHWM), in bytes.
+func maxRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// syncBuffer is a strings.Builder safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) WriteString(v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.WriteString(v)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
