@@ -246,7 +246,7 @@ func TestFailbackStopsWhenBetterFailsAndFlapResetsSettle(t *testing.T) {
 		stopped := len(got)
 
 		// A comes back, then flaps before it settled.
-		since = b.setA(true)
+		b.setA(true)
 		sleep(settle / 2)
 		b.setA(false)
 		since = b.setA(true)
@@ -300,4 +300,46 @@ func TestFailbackConfig(t *testing.T) {
 			assert.Equal(t, tc.on, p.FailbackOn())
 		})
 	}
+}
+
+// The proxy's own wiring: a client connection that landed on B while A,
+// in the proxy's zone, was down is closed once A has settled, counted by
+// endpoint; the client's next connection goes to A and stays.
+func TestProxyFailsBack(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	pr := newProber()
+	pr.set(a.addr(), errors.New("connection refused"))
+	r := start(t, localproxy.Config{
+		Endpoints: []string{a.addr(), b.addr()},
+		Pool: upstream.Config{Prober: pr, Interval: 50 * time.Millisecond, Timeout: 50 * time.Millisecond, Rise: 1, Fall: 1,
+			Zone: "a", IsLocal: func(string) bool { return false }},
+		FailbackSettle: 200 * time.Millisecond,
+		FailbackRate:   100,
+	})
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: a.addr(), Zone: "a"}, {Addr: b.addr()}}))
+	stateOf := func(addr string) upstream.State {
+		for _, s := range r.Pool().Status() {
+			if s.Addr == addr {
+				return s.State
+			}
+		}
+		return upstream.StateUnknown
+	}
+	require.Eventually(t, func() bool {
+		return stateOf(a.addr()) == upstream.StateUnhealthy && stateOf(b.addr()) == upstream.StateHealthy
+	},
+		10*time.Second, 10*time.Millisecond)
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "lands on B"))
+	require.Equal(t, int64(1), b.open.Load())
+
+	pr.set(a.addr(), nil)
+	require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, 10*time.Millisecond, "not moved back")
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_failback_closed_total", "endpoint", b.addr()))
+	assert.Equal(t, upstream.StateHealthy, stateOf(a.addr()))
+
+	c2 := dial(t, r.addr())
+	require.NoError(t, roundTrip(c2, "goes to A"))
+	require.Eventually(t, func() bool { return a.open.Load() == 1 && b.open.Load() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, roundTrip(c2, "and stays"))
 }
