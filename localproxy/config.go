@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -39,6 +40,12 @@ const (
 	GracefulDrainTimeout = 10 * time.Second
 	DefaultUserTimeout   = 10 * time.Second
 )
+
+// maxFailbackRate bounds Config.FailbackRate: a gap of a millisecond.
+const maxFailbackRate = 1000
+
+// failbackOn reports whether fail-back runs.
+func (c *Config) failbackOn() bool { return c.FailbackSettle > 0 && c.FailbackRate > 0 }
 
 // ProxyProtocol selects the PROXY protocol header sent to upstreams.
 type ProxyProtocol string
@@ -169,6 +176,23 @@ type Config struct {
 	// 4·RTTVAR), at most 3s. If zero, DefaultFirstByteTimeout (250ms). If
 	// negative, upstream silence is not watched.
 	FirstByteTimeout time.Duration
+	// FailbackSettle is how long the endpoint the pool puts first (where
+	// new connections go) must have been healthy without a break before
+	// client connections to endpoints it outranks — by locality (local,
+	// same zone), static last resort or RTT tier (upstream.Pool.Outranks),
+	// never between equals — are moved back to it: closed one at a time,
+	// oldest first (see FailbackRate), so that kubelet and the node's
+	// watches reconnect to it. A flap (down and up again) starts the wait
+	// over; fail-back stops as soon as that endpoint is not healthy.
+	// Connections waiting for an answer are left alone. If zero,
+	// DefaultFailbackSettle (30s). If negative, fail-back is off.
+	FailbackSettle time.Duration
+	// FailbackRate is the most client connections fail-back closes per
+	// second: one at a time, each gap 1 to 1.5 times 1/FailbackRate at
+	// random, the first one a random part of a gap after the settle time.
+	// If zero, DefaultFailbackRate (2). If negative, fail-back is off.
+	FailbackRate float64
+
 	// Upstream connections: see endpoint.Dialer for these fields and their
 	// defaults (250ms, 2s, 10s, 5s, 10s).
 	StaggerDelay, AttemptTimeout, DialTimeout time.Duration
@@ -226,6 +250,13 @@ func (c *Config) setDefaults() error {
 		c.MaxConnections = DefaultMaxConnections
 	}
 	c.health.setDefaults()
+	c.FailbackSettle = endpoint.OrDefault(c.FailbackSettle, DefaultFailbackSettle)
+	if c.FailbackRate == 0 {
+		c.FailbackRate = DefaultFailbackRate
+	}
+	if math.IsNaN(c.FailbackRate) || math.IsInf(c.FailbackRate, 0) || c.FailbackRate > maxFailbackRate {
+		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second up to %v (negative: off)", c.FailbackRate, maxFailbackRate)
+	}
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("localproxy: DrainTimeout %v must not be negative", c.DrainTimeout)
 	}

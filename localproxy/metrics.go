@@ -22,6 +22,7 @@ type metrics struct {
 	closed       *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
 	silent       prometheus.Counter
+	failback     *prometheus.CounterVec
 	// healthActive and healthRejected count the health server's
 	// connections.
 	healthActive   prometheus.Gauge
@@ -75,6 +76,10 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Namespace: ns, Subsystem: sub, Name: "silent_upstream_connections_total",
 			Help: "Upstream connections that sent no byte within their first-byte deadline after the client's first bytes, or were reset before their first byte. Two within 2s make the endpoint suspect.",
 		}),
+		failback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "failback_closed_total",
+			Help: "Client connections closed by fail-back, by the endpoint they were on: a better endpoint had been healthy for the settle time, and the client reconnects to it.",
+		}, []string{"endpoint"}),
 		healthActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "health_connections_active",
 			Help: "Connections to the health, metrics and status server open now.",
@@ -84,13 +89,13 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open.", HealthMaxConnections),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.failback, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	// The subscription lives as long as the pool: both belong to one Proxy.
-	m.endpoints = endpoint.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec)
+	m.endpoints = endpoint.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec, m.failback.MetricVec)
 	return m, nil
 }
 
@@ -102,5 +107,11 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 	}
 	m.dials.WithLabelValues(addr, result).Inc()
 	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
+	m.endpoints.Observed(addr)
+}
+
+// failedBack counts a client connection to addr closed by fail-back.
+func (m *metrics) failedBack(addr string) {
+	m.failback.WithLabelValues(addr).Inc()
 	m.endpoints.Observed(addr)
 }

@@ -33,6 +33,9 @@ type Proxy struct {
 	// fb watches for upstreams that go silent; nil if FirstByteTimeout
 	// is negative.
 	fb *firstByteWatch
+	// back moves connections back to a better endpoint once it settled;
+	// nil if fail-back is off.
+	back *failback[*conn]
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -100,6 +103,9 @@ func New(cfg Config) (*Proxy, error) {
 		p.fb = newFirstByteWatch(pool, endpoint.OrDefault(cfg.FirstByteTimeout, DefaultFirstByteTimeout), cfg.Logger)
 		p.fb.onSilent = p.m.silent.Inc
 	}
+	if cfg.failbackOn() {
+		p.back = newFailback(pool, p.upstreams, cfg.FailbackSettle, cfg.FailbackRate, p.m.failedBack, cfg.Logger.WithName("failback"))
+	}
 	p.dialer = &endpoint.Dialer{
 		Pool:           pool,
 		StaggerDelay:   cfg.StaggerDelay,
@@ -166,6 +172,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if hln != nil {
 		hs := p.newHealthServer()
 		bg.Go(func() { p.serveHealth(runCtx, hs, hln) })
+	}
+	if p.back != nil {
+		// Until shutdown begins: connections closed then could not come
+		// back.
+		bg.Go(func() { p.back.run(ctx) })
 	}
 	if p.cfg.IdleTimeout > 0 && idleSupported {
 		bg.Go(func() { p.reapIdle(runCtx) })

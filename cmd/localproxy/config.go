@@ -49,6 +49,7 @@ func (o *options) config() (localproxy.Config, error) {
 	cfg.StateFile = o.stateFile
 	b.connections(&cfg)
 	b.liveness(&cfg)
+	b.failback(&cfg)
 	if o.exporter = b.export(); o.exporter != nil {
 		o.exporter.origin = cfg.Origin
 	}

@@ -60,6 +60,8 @@ func problem(v flag.Value, s string, err error) string {
 		return "not a duration"
 	case "bool":
 		return "not a boolean"
+	case "float64":
+		return "not a number"
 	case "int", "int64":
 		if _, err := strconv.ParseInt(s, 0, 64); errors.Is(err, strconv.ErrRange) {
 			return "out of range"
@@ -77,6 +79,8 @@ func allowed(v flag.Value, name string) string {
 		return "a Go duration with a unit, such as 1s, 500ms or 2m"
 	case "bool":
 		return "true or false"
+	case "float64":
+		return "a number, such as 2 or 0.5"
 	case "int", "int64":
 		if r, ok := intRanges[name]; ok {
 			return r.String()

@@ -33,6 +33,7 @@ func TestLocalProxy(t *testing.T) {
 	t.Run("binary", func(t *testing.T) { testBinary(t, ctx, bed) })
 	t.Run("kubeconfig", func(t *testing.T) { testKubeconfigSubcommand(t, ctx, bed) })
 	t.Run("export", func(t *testing.T) { testExport(t, ctx, bed) })
+	t.Run("failback", func(t *testing.T) { testFailback(t, ctx, bed) })
 }
 
 // kubectlAt runs the bed's kubectl with kubeconfig, bounded by 20 s.

@@ -219,6 +219,14 @@ type connectOptions struct {
 	readyzInterval time.Duration
 	// probe, if set, is the probe mode instead of APIFAILOVER_E2E_PROBE.
 	probe endpoint.ProbeMode
+	// zone, if set, is the proxy's zone and zones the apiservers' (by
+	// address): every apiserver address is on this network namespace's
+	// loopback, so none counts as local then, and the one in zone is
+	// preferred.
+	zone  string
+	zones map[string]string
+	// failbackSettle, if set, is the proxy's FailbackSettle.
+	failbackSettle time.Duration
 }
 
 // probeMode is o's probe mode, else the suite's.
@@ -275,6 +283,10 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 	// its kubeconfig: kube-apiserver closes anonymous HTTP/2 connections.
 	probe := &endpoint.ProbeConfig{Mode: o.probeMode(t), ServerName: bed.OriginName(), RootCAs: roots, ReadyzInterval: o.readyzInterval,
 		BearerToken: bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity).BearerToken}
+	pool := upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2, Zone: o.zone}
+	if o.zone != "" {
+		pool.IsLocal = func(string) bool { return false }
+	}
 	p, err := localproxy.New(localproxy.Config{
 		Endpoints:       eps,
 		Origin:          bed.OriginName(),
@@ -282,16 +294,26 @@ func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *p
 		HealthAddress:   proxyHealthAddr,
 		// As cmd/localproxy's defaults: 1s interval, 500ms timeout, 2/2.
 		Probe:     probe,
-		Pool:      upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
+		Pool:      pool,
 		Discovery: localproxy.DiscoveryConfig(bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity), proxyAddr, bed.OriginName()),
 		// Close what is left at once when the scenario ends, so the next
 		// one can bind the same port.
 		ShutdownTimeout: -1,
+		FailbackSettle:  o.failbackSettle,
 		Registry:        reg,
 		Logger:          log,
 	})
 	if err != nil {
 		t.Fatalf("localproxy.New: %v", err)
+	}
+	if o.zones != nil {
+		specs := make([]upstream.Spec, len(eps))
+		for i, a := range eps {
+			specs[i] = upstream.Spec{Addr: a, Zone: o.zones[a]}
+		}
+		if err := p.Pool().Set(upstream.SourceStatic, specs); err != nil {
+			t.Fatalf("zones: %v", err)
+		}
 	}
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 	"sync"
@@ -102,8 +103,12 @@ type dataClock interface {
 type Registry[C Conn] struct {
 	cfg RegistryConfig
 
-	mu     sync.Mutex // guards the fields below
-	conns  map[string][]C
+	mu    sync.Mutex // guards the fields below
+	conns map[string][]C
+	// added holds, per registered connection, the number of its Add:
+	// oldest first across endpoints (CloseOldest).
+	added  map[C]uint64
+	adds   uint64
 	drains map[string]*drain[C]
 	// dials counts the dials between Begin and End. gen counts EventDown
 	// and EventRemoved events; goneAt holds, per endpoint, gen at its
@@ -143,6 +148,7 @@ func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 	r := &Registry[C]{
 		cfg:    cfg,
 		conns:  make(map[string][]C),
+		added:  make(map[C]uint64),
 		drains: make(map[string]*drain[C]),
 		goneAt: make(map[string]uint64),
 	}
@@ -158,17 +164,17 @@ func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 // that cannot tell (not a dataClock, or not over TCP on Linux) counts as
 // waiting while it is open.
 func (r *Registry[C]) Busy(addr string) bool {
-	for _, c := range r.Conns(addr) {
-		dc, ok := any(c).(dataClock)
-		if !ok {
-			return true
-		}
-		sent, recv, ok := dc.SinceData()
-		if !ok || (sent < BusyWindow && sent < recv) {
-			return true
-		}
+	return slices.ContainsFunc(r.Conns(addr), waiting[C])
+}
+
+// waiting reports whether c waits for an answer (see Busy).
+func waiting[C Conn](c C) bool {
+	dc, ok := any(c).(dataClock)
+	if !ok {
+		return true
 	}
-	return false
+	sent, recv, ok := dc.SinceData()
+	return !ok || (sent < BusyWindow && sent < recv)
 }
 
 // Wake tells the Prober (RegistryConfig.Prober), if any, that a request
@@ -206,6 +212,8 @@ func (r *Registry[C]) Add(addr string, c C, began uint64) bool {
 		return false
 	}
 	r.conns[addr] = append(r.conns[addr], c)
+	r.adds++
+	r.added[c] = r.adds
 	first := len(r.conns[addr]) == 1
 	r.mu.Unlock()
 	if first {
@@ -228,6 +236,7 @@ func (r *Registry[C]) removeLocked(addr string, c C) {
 		return
 	}
 	cs = slices.Delete(cs, i, i+1)
+	delete(r.added, c)
 	if len(cs) == 0 {
 		delete(r.conns, addr)
 	} else {
@@ -313,6 +322,65 @@ func (r *Registry[C]) Retire(which func(addr string) bool) int {
 	return len(cs)
 }
 
+// CloseOldest closes the oldest connection (by Add) to the endpoints for
+// which which returns true, skipping those drained (their drain closes
+// them) and those waiting for an answer (see Busy: closing one would fail
+// its request), and returns its endpoint. The connection is forgotten
+// before Close, as for a drain. ok is false when there was none to close;
+// skipped then counts the connections skipped as waiting, so that the
+// caller can try again later. which is called without the registry's
+// lock.
+func (r *Registry[C]) CloseOldest(which func(addr string) bool) (addr string, skipped int, ok bool) {
+	r.mu.Lock()
+	addrs := make([]string, 0, len(r.conns))
+	for a := range r.conns {
+		addrs = append(addrs, a)
+	}
+	r.mu.Unlock()
+	addrs = slices.DeleteFunc(addrs, func(a string) bool { return !which(a) })
+	if len(addrs) == 0 {
+		return "", 0, false
+	}
+	type cand struct {
+		addr string
+		c    C
+		seq  uint64
+	}
+	var cands []cand
+	r.mu.Lock()
+	for _, a := range addrs {
+		dr := r.drains[a]
+		for _, c := range r.conns[a] {
+			if dr != nil {
+				if _, drained := dr.conns[c]; drained {
+					continue
+				}
+			}
+			cands = append(cands, cand{a, c, r.added[c]})
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(cands, func(x, y cand) int { return cmp.Compare(x.seq, y.seq) })
+	for _, k := range cands {
+		if waiting(k.c) { // reads the socket: not under the lock
+			skipped++
+			continue
+		}
+		r.mu.Lock()
+		_, still := r.added[k.c]
+		if still {
+			r.removeLocked(k.addr, k.c)
+		}
+		r.mu.Unlock()
+		if !still {
+			continue // closed meanwhile
+		}
+		k.c.Close()
+		return k.addr, skipped, true
+	}
+	return "", skipped, false
+}
+
 // Outcome says what OnEvent did to an endpoint's connections.
 type Outcome struct {
 	// Closed counts connections closed at once; Drained those drained, by
@@ -353,6 +421,9 @@ func (r *Registry[C]) gone(ev upstream.Event) Outcome {
 	if d <= 0 {
 		// Closed at once, drained ones included.
 		delete(r.conns, ev.Addr)
+		for _, c := range cs {
+			delete(r.added, c)
+		}
 		if dr := r.drains[ev.Addr]; dr != nil {
 			dr.stop()
 			delete(r.drains, ev.Addr)
@@ -469,6 +540,7 @@ func (r *Registry[C]) Close() {
 		cs = append(cs, conns...)
 	}
 	clear(r.conns)
+	clear(r.added)
 	for _, dr := range r.drains {
 		dr.stop()
 	}

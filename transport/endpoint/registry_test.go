@@ -368,3 +368,60 @@ func TestSinceData(t *testing.T) {
 	require.True(t, ok)
 	assert.LessOrEqual(t, recv, sent, "answered")
 }
+
+// CloseOldest closes one connection at a time, oldest first across the
+// chosen endpoints, forgetting it first; it skips connections waiting for
+// an answer and those a drain already owns.
+func TestRegistryCloseOldest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const third = "10.0.0.3:6443"
+		r := endpoint.NewRegistry[*clockConn](endpoint.RegistryConfig{GracefulDrain: time.Minute})
+		add := func(addr string, waiting bool) *clockConn {
+			c := &clockConn{sent: time.Minute, recv: time.Minute, ok: true}
+			c.busy = true // Retire (the drain) keeps it open
+			if waiting {
+				c.sent = 100 * time.Millisecond
+			}
+			mark := r.Begin()
+			defer r.End()
+			require.True(t, r.Add(addr, c, mark))
+			return c
+		}
+		// Added in this order: o1 (other), a1 (a, waiting), t1 (third),
+		// a2 (a), o2 (other).
+		o1, a1, t1, a2, o2 := add(other, false), add(a, true), add(third, false), add(a, false), add(other, false)
+		notThird := func(addr string) bool { return addr != third }
+
+		addr, skipped, ok := r.CloseOldest(notThird)
+		assert.True(t, ok)
+		assert.Equal(t, other, addr)
+		assert.Zero(t, skipped)
+		assert.True(t, o1.closed.Load(), "the oldest")
+		assert.Equal(t, 1, r.Len(other), "forgotten")
+
+		addr, skipped, ok = r.CloseOldest(notThird)
+		assert.True(t, ok)
+		assert.Equal(t, a, addr)
+		assert.Equal(t, 1, skipped, "a1 waits for an answer")
+		assert.False(t, a1.closed.Load())
+		assert.True(t, a2.closed.Load())
+		assert.False(t, o2.closed.Load(), "one at a time")
+
+		// A drain owns other's connections now.
+		r.OnEvent(upstream.Event{Kind: upstream.EventDown, Addr: other, Err: &endpoint.ReadyzError{Status: 500}})
+		_, skipped, ok = r.CloseOldest(notThird)
+		assert.False(t, ok, "nothing left but a waiting and a drained one")
+		assert.Equal(t, 1, skipped)
+		assert.False(t, o2.closed.Load())
+		assert.False(t, t1.closed.Load())
+
+		_, _, ok = r.CloseOldest(func(string) bool { return false })
+		assert.False(t, ok)
+		addr, _, ok = r.CloseOldest(func(string) bool { return true })
+		assert.True(t, ok)
+		assert.Equal(t, third, addr)
+		r.Remove(third, t1) // the front end's own cleanup: harmless
+		assert.Equal(t, map[string]int{a: 1, other: 1}, r.Counts())
+		r.Close()
+	})
+}

@@ -159,3 +159,24 @@ func hostOf(addr string) string {
 	}
 	return host
 }
+
+// Outranks reports whether a is healthy (not suspect, draining or slow
+// either) and ranks above b for lasting reasons: locality (local, then
+// same zone), discovered before static-only (the last resort), lower RTT
+// tier. It compares the candidate order's own keys (Candidates), without
+// what only orders equals (waiting connections, stickiness, the tie
+// hash), so that connections are never moved between equals. b's health
+// is not compared: moving connections off an endpoint that is down is the
+// drain's business. False if either is not in the pool.
+func (p *Pool) Outranks(a, b string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ea, eb := p.eps[a], p.eps[b]
+	if ea == nil || eb == nil || ea.state != StateHealthy || healthClass(ea) != 0 {
+		return false
+	}
+	lasting := func(k rankKey) rankKey {
+		return rankKey{locality: k.locality, lastResort: k.lastResort, tier: k.tier}
+	}
+	return compareKeys(lasting(p.keyLocked(ea)), lasting(p.keyLocked(eb))) < 0
+}
