@@ -77,6 +77,8 @@ type Summary struct {
 	// FailuresByFault counts the fault-window failures by the fault
 	// (kind) and path: "hang/localproxy".
 	FailuresByFault map[string]int `json:"failures_by_fault"`
+	// FailureSamples holds the first error of each FailuresByFault key.
+	FailureSamples map[string]string `json:"failure_samples"`
 	// SuccessRatio counts every request but those failed in the all-down
 	// phase.
 	SuccessRatio float64 `json:"success_ratio"`
@@ -153,7 +155,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	baseG, baseFD := runtime.NumGoroutine(), countFDs()
 
 	s := &Summary{Seed: opts.Seed, Duration: opts.Duration.Seconds(), Schedule: plan, Replay: replay,
-		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, ByPath: map[string]int{}}
+		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, FailureSamples: map[string]string{}, ByPath: map[string]int{}}
 	var violations []string
 	violate := func(format string, args ...any) {
 		v := fmt.Sprintf(format, args...)
@@ -231,7 +233,10 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 				allDown++
 				continue
 			case classFault:
-				s.FailuresByFault[string(kind)+"/"+path]++
+				key := string(kind) + "/" + path
+				if s.FailuresByFault[key]++; s.FailureSamples[key] == "" {
+					s.FailureSamples[key] = rq.Err.Error()
+				}
 			case classUnexplain:
 				r.say("unexplained failure on %s: %s..%s: %v", name, rq.Start.Format("15:04:05.000"), rq.End.Format("15:04:05.000"), rq.Err)
 			}
@@ -305,7 +310,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := os.WriteFile(filepath.Join(opts.Out, "summary.json"), append(b, '\n'), 0o644); err != nil {
 		return nil, err
 	}
-	r.say("failures in fault windows by fault and path: %v", s.FailuresByFault)
+	r.say("failures in fault windows by fault and path: %v; first errors: %q", s.FailuresByFault, s.FailureSamples)
 	r.say("success by path (all-down phase excluded): %v", s.SuccessByPath)
 	r.say("%d operations (%v), failures %v, success %.5f; lost %d, phantoms %d, duplicates %d, acked missing %d, relists %d; leaked goroutines %d, fds %d; max RSS %d MiB; secrets in logs %d",
 		s.Operations, s.ByPath, s.Failures, s.SuccessRatio, s.EventsLost, s.Phantoms, s.Duplicates, s.AckedMissing, s.Relists,
