@@ -119,9 +119,19 @@ type Config struct {
 	// If zero, DefaultDiscoveryPoll (10s).
 	DiscoveryPollInterval time.Duration
 	// StateFile, if set, keeps the last-known-good endpoints across
-	// restarts: read at start (ignored, with a log line, when it belongs to
-	// another Origin) and rewritten when the healthy endpoints change.
+	// restarts: read at start and rewritten (synced, renamed, directory
+	// synced) when the healthy endpoints change. It is bound to the cluster
+	// by StateFileCA and Origin: a file of another origin, or with no CA
+	// fingerprint in common with StateFileCA, or from before the binding,
+	// is ignored with a log line (every cluster's Origin may be
+	// kubernetes.default.svc, so the origin alone tells clusters apart by
+	// nothing).
 	StateFile string
+	// StateFileCA is the PEM bundle of the cluster CA the state file is
+	// bound to (the CA that verifies the API servers): the SHA-256
+	// fingerprints of its certificates are written into the file and
+	// checked at load. Required with StateFile.
+	StateFileCA []byte
 
 	// DrainTimeout is how long client connections to an endpoint that went
 	// down or was removed may stay open before they are closed. If zero,
@@ -256,6 +266,9 @@ func (c *Config) setDefaults() error {
 	}
 	if math.IsNaN(c.FailbackRate) || math.IsInf(c.FailbackRate, 0) || c.FailbackRate > maxFailbackRate {
 		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second up to %v (negative: off)", c.FailbackRate, maxFailbackRate)
+	}
+	if c.StateFile != "" && len(caFingerprints(c.StateFileCA)) == 0 {
+		return errors.New("localproxy: StateFile needs StateFileCA, a PEM bundle of the cluster CA: an unbound state file could be planted by anyone or carried over from another cluster")
 	}
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("localproxy: DrainTimeout %v must not be negative", c.DrainTimeout)

@@ -34,3 +34,6 @@ func (p *Proxy) Liveness() error { return p.live(time.Now()) }
 // SetHealthReadHeaderTimeout sets how long the health server waits for a
 // request's headers, instead of its default.
 func SetHealthReadHeaderTimeout(c *Config, d time.Duration) { c.health.readHeaderTimeout = d }
+
+// CAFingerprints is caFingerprints, for tests.
+var CAFingerprints = caFingerprints

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/apifailover/apifailover/internal/testpki"
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -109,25 +111,54 @@ func TestStateFile(t *testing.T) {
 	path := filepath.Join(dir, "state.json")
 	echo := newEcho(t)
 	saved := newEcho(t)
-	write := func(origin string, eps ...string) {
-		b, err := json.Marshal(localproxy.StateFileData{Origin: origin, Endpoints: eps})
+	ca, otherCA := testpki.New(t).CAPEM, testpki.New(t).CAPEM
+	fingerprints := localproxy.CAFingerprints(ca)
+	require.Len(t, fingerprints, 1)
+	write := func(origin string, cas []string, eps ...string) {
+		b, err := json.Marshal(localproxy.StateFileData{Origin: origin, CAFingerprints: cas, Endpoints: eps})
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(path, b, 0o600))
 	}
+	cfg := func() localproxy.Config {
+		return localproxy.Config{Endpoints: []string{echo.addr()}, Origin: "api.test", StateFile: path, StateFileCA: ca}
+	}
 
+	t.Run("a state file needs a CA", func(t *testing.T) {
+		c := cfg()
+		c.StateFileCA = []byte("not PEM")
+		_, err := localproxy.New(c)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "StateFileCA")
+	})
 	t.Run("other origin is ignored", func(t *testing.T) {
-		write("other.test", saved.addr())
-		r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, Origin: "api.test", StateFile: path})
+		write("other.test", fingerprints, saved.addr())
+		r := start(t, cfg())
 		assert.False(t, r.Pool().Has(saved.addr()))
 	})
-	t.Run("same origin is loaded and rewritten", func(t *testing.T) {
-		write("api.test", saved.addr())
+	// Every cluster's origin may be kubernetes.default.svc: the CA tells
+	// them apart.
+	t.Run("same origin, other cluster CA, is ignored", func(t *testing.T) {
+		write("api.test", localproxy.CAFingerprints(otherCA), saved.addr())
+		r := start(t, cfg())
+		assert.False(t, r.Pool().Has(saved.addr()))
+	})
+	t.Run("a file bound to no CA is ignored", func(t *testing.T) {
+		write("api.test", nil, saved.addr())
+		r := start(t, cfg())
+		assert.False(t, r.Pool().Has(saved.addr()))
+	})
+	t.Run("a CA bundle with the cluster CA among others is accepted", func(t *testing.T) {
+		write("api.test", append(localproxy.CAFingerprints(otherCA), fingerprints...), saved.addr())
+		r := start(t, cfg())
+		assert.True(t, r.Pool().Has(saved.addr()))
+	})
+	t.Run("same origin and CA is loaded and rewritten", func(t *testing.T) {
+		write("api.test", fingerprints, saved.addr())
 		pr := newProber()
 		pr.set(saved.addr(), errors.New("gone"))
-		r := start(t, localproxy.Config{
-			Endpoints: []string{echo.addr()}, Origin: "api.test", StateFile: path,
-			Pool: upstream.Config{Prober: pr, Interval: 20 * time.Millisecond, Timeout: 10 * time.Millisecond, Rise: 1, Fall: 1},
-		})
+		c := cfg()
+		c.Pool = upstream.Config{Prober: pr, Interval: 20 * time.Millisecond, Timeout: 10 * time.Millisecond, Rise: 1, Fall: 1}
+		r := start(t, c)
 		require.True(t, r.Pool().Has(saved.addr()))
 		require.Eventually(t, func() bool {
 			b, err := os.ReadFile(path)
@@ -135,7 +166,7 @@ func TestStateFile(t *testing.T) {
 				return false
 			}
 			var d localproxy.StateFileData
-			return json.Unmarshal(b, &d) == nil && d.Origin == "api.test" &&
+			return json.Unmarshal(b, &d) == nil && d.Origin == "api.test" && slices.Equal(d.CAFingerprints, fingerprints) &&
 				len(d.Endpoints) == 1 && d.Endpoints[0] == echo.addr()
 		}, 10*time.Second, 10*time.Millisecond)
 		entries, err := os.ReadDir(dir)

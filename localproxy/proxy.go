@@ -165,7 +165,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	var bg sync.WaitGroup // everything but the accept loops and connections
 	bg.Go(func() { p.pool.Run(runCtx) })
 	if p.cfg.StateFile != "" {
-		sf := newStateFile(p.cfg.StateFile, p.cfg.Origin, p.pool, p.log)
+		sf := newStateFile(p.cfg.StateFile, p.cfg.Origin, caFingerprints(p.cfg.StateFileCA), p.pool, p.log)
 		sf.load()
 		bg.Go(func() { sf.run(runCtx) })
 	}

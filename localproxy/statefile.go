@@ -2,7 +2,11 @@ package localproxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"io/fs"
 	"os"
@@ -18,9 +22,35 @@ import (
 // StateFileData is the content of the state file: the last-known-good
 // endpoints of an origin, for a cold boot before discovery works.
 type StateFileData struct {
-	Origin    string    `json:"origin"`
-	Endpoints []string  `json:"endpoints"`
-	Updated   time.Time `json:"updated"`
+	Origin string `json:"origin"`
+	// CAFingerprints are "sha256:<hex>" of the cluster CA certificates
+	// (Config.StateFileCA) the file is bound to.
+	CAFingerprints []string  `json:"caFingerprints"`
+	Endpoints      []string  `json:"endpoints"`
+	Updated        time.Time `json:"updated"`
+}
+
+// caFingerprints returns the "sha256:<hex>" fingerprints of the
+// certificates in a PEM bundle, sorted; other blocks are skipped.
+func caFingerprints(bundle []byte) []string {
+	var out []string
+	for {
+		var b *pem.Block
+		b, bundle = pem.Decode(bundle)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			continue
+		}
+		sum := sha256.Sum256(b.Bytes)
+		out = append(out, "sha256:"+hex.EncodeToString(sum[:]))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // stateFile loads the state file into the pool at start and rewrites it
@@ -28,18 +58,20 @@ type StateFileData struct {
 type stateFile struct {
 	path   string
 	origin string
+	cas    []string // fingerprints the file is bound to
 	pool   *upstream.Pool
 	log    logr.Logger
 	kick   chan struct{}
 	last   []string // endpoints last written or loaded; used by run only
 }
 
-func newStateFile(path, origin string, pool *upstream.Pool, log logr.Logger) *stateFile {
-	return &stateFile{path: path, origin: origin, pool: pool, log: log.WithName("statefile"), kick: make(chan struct{}, 1)}
+func newStateFile(path, origin string, cas []string, pool *upstream.Pool, log logr.Logger) *stateFile {
+	return &stateFile{path: path, origin: origin, cas: cas, pool: pool, log: log.WithName("statefile"), kick: make(chan struct{}, 1)}
 }
 
 // load adds the state file's endpoints to the pool, unless the file is
-// missing, unreadable or belongs to another origin.
+// missing, unreadable, or belongs to another origin or another cluster
+// CA.
 func (s *stateFile) load() {
 	b, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -56,6 +88,15 @@ func (s *stateFile) load() {
 	}
 	if d.Origin != s.origin {
 		s.log.Info("ignoring state file of another origin", "path", s.path, "fileOrigin", d.Origin, "origin", s.origin)
+		return
+	}
+	if len(d.CAFingerprints) == 0 {
+		s.log.Info("ignoring state file bound to no cluster CA (written before the binding, or by hand)", "path", s.path)
+		return
+	}
+	if !slices.ContainsFunc(d.CAFingerprints, func(f string) bool { return slices.Contains(s.cas, f) }) {
+		s.log.Info("ignoring state file of another cluster: no CA certificate in common", "path", s.path,
+			"fileCAs", d.CAFingerprints, "clusterCAs", s.cas)
 		return
 	}
 	specs := make([]upstream.Spec, len(d.Endpoints))
@@ -104,7 +145,7 @@ func (s *stateFile) save() {
 	if len(eps) == 0 || slices.Equal(eps, s.last) {
 		return
 	}
-	if err := writeStateFile(s.path, StateFileData{Origin: s.origin, Endpoints: eps, Updated: time.Now().UTC()}); err != nil {
+	if err := writeStateFile(s.path, StateFileData{Origin: s.origin, CAFingerprints: s.cas, Endpoints: eps, Updated: time.Now().UTC()}); err != nil {
 		s.log.Info("writing the state file failed", "path", s.path, "err", err.Error())
 		return
 	}
@@ -127,8 +168,23 @@ func writeStateFile(path string, d StateFileData) error {
 		tmp.Close()
 		return err
 	}
+	// The content reaches the disk before the name does, and the rename
+	// before this returns: after a crash the file is the old one or the
+	// new one, whole.
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
 }

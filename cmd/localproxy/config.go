@@ -46,7 +46,7 @@ func (o *options) config() (localproxy.Config, error) {
 	creds, credErr := b.credentials()
 	b.probeCredentials(cfg.Probe, creds)
 	cfg.Discovery = b.discovery(creds, credErr, l, cfg.Origin)
-	cfg.StateFile = o.stateFile
+	cfg.StateFile, cfg.StateFileCA = b.stateFile(cfg.Probe)
 	b.connections(&cfg)
 	b.liveness(&cfg)
 	b.failback(&cfg)
@@ -55,6 +55,33 @@ func (o *options) config() (localproxy.Config, error) {
 	}
 	b.logging()
 	return cfg, errors.Join(b.errs...)
+}
+
+// stateFile returns --state-file and the cluster CA bundle it is bound to:
+// that of the probes (--ca-file, or the in-cluster service account's), else
+// --ca-file itself (with --probe=tcp).
+func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
+	if b.options.stateFile == "" {
+		return "", nil
+	}
+	caFile := b.caFile
+	if probe != nil && probe.CAFile != "" {
+		caFile = probe.CAFile
+	}
+	if caFile == "" && fileExists(serviceAccountCA) {
+		caFile = serviceAccountCA
+	}
+	if caFile == "" {
+		b.add(usagef("invalid %s: the state file is bound to the cluster by its CA, and there is none; set --ca-file (or %s), or run in a pod with a service account",
+			b.input("state-file", b.options.stateFile), envName("ca-file")))
+		return "", nil
+	}
+	pemBytes, err := os.ReadFile(caFile)
+	if err != nil {
+		b.reject("ca-file", caFile, "want a readable PEM file: "+err.Error())
+		return "", nil
+	}
+	return b.options.stateFile, pemBytes
 }
 
 // warn keeps a warning for run to log.

@@ -149,6 +149,7 @@ func TestValidation(t *testing.T) {
 		{"CA file not PEM", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.notPEM}, nil, []string{"--ca-file", f.notPEM, "PEM"}},
 		{"server name", append(ok, "--tls-server-name=bad_name"), nil, []string{"--tls-server-name", `"bad_name"`}},
 		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
+		{"state file without a CA", append(ok, "--state-file=/var/lib/x/state.json"), nil, []string{`invalid --state-file="/var/lib/x/state.json"`, "bound to the cluster by its CA", "--ca-file"}},
 		{"kubeconfig invalid", append(ok, "--enable-discovery", "--kubeconfig="+f.notPEM), nil, []string{"--kubeconfig", f.notPEM, "valid kubeconfig"}},
 		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
