@@ -7,7 +7,6 @@ package chaos
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +33,6 @@ import (
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/endpoint"
-	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // Options configure a soak.
@@ -485,29 +483,13 @@ func classify(rq workload.Request, windows []window) (class string, kind Kind) {
 // apiservers on the bed's LocalProxy address: held probes verified with
 // the bed's CA, discovery through the proxy as the localproxy identity.
 func startLocalProxy(ctx context.Context, bed *testbed.Bed, log logr.Logger) (*localproxy.Proxy, func(), error) {
-	var eps []string
-	for _, s := range bed.APIServers() {
-		eps = append(eps, s.Addr())
+	listen := strings.TrimPrefix(bed.RESTConfig(testbed.LocalProxy).Host, "https://")
+	cfg, err := bed.LocalProxyConfig(listen, "127.0.0.1:0", endpoint.ProbeHeld)
+	if err != nil {
+		return nil, nil, err
 	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
-		return nil, nil, errors.New("bed CA: no certificate")
-	}
-	cfg := bed.RESTConfig(testbed.LocalProxy)
-	listen := strings.TrimPrefix(cfg.Host, "https://")
-	id := bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity)
-	p, err := localproxy.New(localproxy.Config{
-		Endpoints:       eps,
-		Origin:          bed.OriginName(),
-		ListenAddresses: []string{listen},
-		HealthAddress:   "127.0.0.1:0",
-		Probe:           &endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: bed.OriginName(), RootCAs: roots, BearerToken: id.BearerToken},
-		Pool:            upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2},
-		Discovery:       localproxy.DiscoveryConfig(id, listen, bed.OriginName()),
-		ShutdownTimeout: -1,
-		Registry:        prometheus.NewRegistry(),
-		Logger:          log,
-	})
+	cfg.Registry, cfg.Logger = prometheus.NewRegistry(), log
+	p, err := localproxy.New(cfg)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -271,38 +270,19 @@ func waitProxyHealthy(t *testing.T, ctx context.Context, bed *testbed.Bed, p *lo
 
 func startLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger, o connectOptions) *localproxy.Proxy {
 	t.Helper()
-	var eps []string
-	for _, s := range bed.APIServers() {
-		eps = append(eps, s.Addr())
+	cfg, err := bed.LocalProxyConfig(proxyAddr, proxyHealthAddr, o.probeMode(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(bed.CAPEM()) {
-		t.Fatal("bed CA: no certificate")
-	}
-	// Probes authenticate as cmd/localproxy's do, with the credentials of
-	// its kubeconfig: kube-apiserver closes anonymous HTTP/2 connections.
-	probe := &endpoint.ProbeConfig{Mode: o.probeMode(t), ServerName: bed.OriginName(), RootCAs: roots, ReadyzInterval: o.readyzInterval,
-		BearerToken: bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity).BearerToken}
-	pool := upstream.Config{Interval: time.Second, Timeout: 500 * time.Millisecond, Rise: 2, Fall: 2, Zone: o.zone}
+	cfg.Probe.ReadyzInterval = o.readyzInterval
+	cfg.Pool.Zone = o.zone
 	if o.zone != "" {
-		pool.IsLocal = func(string) bool { return false }
+		cfg.Pool.IsLocal = func(string) bool { return false }
 	}
-	p, err := localproxy.New(localproxy.Config{
-		Endpoints:       eps,
-		Origin:          bed.OriginName(),
-		ListenAddresses: []string{proxyAddr},
-		HealthAddress:   proxyHealthAddr,
-		// As cmd/localproxy's defaults: 1s interval, 500ms timeout, 2/2.
-		Probe:     probe,
-		Pool:      pool,
-		Discovery: localproxy.DiscoveryConfig(bed.RESTConfigAs(testbed.Origin, testbed.LocalProxyIdentity), proxyAddr, bed.OriginName()),
-		// Close what is left at once when the scenario ends, so the next
-		// one can bind the same port.
-		ShutdownTimeout: -1,
-		FailbackSettle:  o.failbackSettle,
-		Registry:        reg,
-		Logger:          log,
-	})
+	cfg.FailbackSettle = o.failbackSettle
+	cfg.Registry, cfg.Logger = reg, log
+	eps := cfg.Endpoints
+	p, err := localproxy.New(cfg)
 	if err != nil {
 		t.Fatalf("localproxy.New: %v", err)
 	}
