@@ -11,7 +11,7 @@ import (
 // stopping proxy has no successor to hand over to.
 
 func reusePortControl(_, _ string, _ syscall.RawConn) error { return nil }
-func clearSteering(net.Listener)                             {}
-func steerToNewest(net.Listener, int) error                  { return nil }
-func acceptQueued(net.Listener) int                          { return 0 }
-func otherListeners(net.Listener) int                        { return 0 }
+func clearSteering(net.Listener)                            {}
+func steerToNewest(net.Listener, int) error                 { return nil }
+func acceptQueued(net.Listener) int                         { return 0 }
+func otherListeners(net.Listener) int                       { return 0 }
