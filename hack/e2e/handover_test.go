@@ -32,6 +32,8 @@ const (
 	handoverHealthPort = 17472
 	socketPort         = 17473 // socket activation
 	socketHealthPort   = 17474
+	staticPort         = 17475 // static pod, in place
+	staticHealthPort   = 17476
 	// handoverRounds is how many times each subtest replaces the process.
 	handoverRounds = 3
 )
@@ -411,4 +413,103 @@ func testHandoverSocketActivation(t *testing.T, ctx context.Context, bed *testbe
 		load.waitRuns(t, ctx, 6)
 	}
 	load.stop(ctx)
+}
+
+// testStaticPodInPlace restarts localproxy the way kubelet applies a
+// changed static pod manifest: the old process gets SIGTERM and exits
+// before the new one starts, with no socket held in between. With no
+// successor the old process does not wait (it logs no hand-over) and
+// closes its listener at once; connection attempts from then until the
+// new process listens are refused, and only then: the gap is measured,
+// not hidden (README: Upgrades, Static pod).
+func testStaticPodInPlace(t *testing.T, ctx context.Context, bed *testbed.Bed) {
+	healBed(t, ctx, bed)
+	dir := t.TempDir()
+	bin := buildLocalProxy(t, ctx, dir)
+	args := []string{"--bind-port=" + strconv.Itoa(staticPort), "--health-port=" + strconv.Itoa(staticHealthPort)}
+	e := &env{t: t, ctx: ctx}
+	start := func(i int) *lpProcess {
+		p := startLP(t, bed, bin, dir, fmt.Sprintf("localproxy-%d", i), nil, args...)
+		if err := e.waitFor(p.name+" listening", observeLimit, func() bool { return p.logHas(`"proxy listening"`) }); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	old := start(0)
+	waitReady(t, ctx, staticHealthPort)
+
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(staticPort))
+	type attempt struct {
+		at      time.Time
+		refused bool
+		err     error
+	}
+	var (
+		mu       sync.Mutex
+		attempts []attempt
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	wg.Go(func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			at := time.Now()
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err == nil {
+				c.Close()
+			}
+			mu.Lock()
+			attempts = append(attempts, attempt{at, errors.Is(err, syscall.ECONNREFUSED), err})
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(attempts) }
+	if err := e.waitFor("connection attempts", observeLimit, func() bool { return count() >= 20 }); err != nil {
+		t.Fatal(err)
+	}
+	sigterm := time.Now()
+	if err := old.stop(); err != nil {
+		t.Errorf("%s after SIGTERM: %v", old.name, err)
+	}
+	exited := time.Now()
+	start(1)
+	listening := time.Now()
+	n := count()
+	if err := e.waitFor("connection attempts through the new process", observeLimit, func() bool { return count() >= n+20 }); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	if old.logHas(`"successor listening; handing over"`) {
+		t.Errorf("%s handed over with no successor", old.name)
+	}
+	refused := 0
+	var first, last time.Time
+	for _, a := range attempts {
+		switch {
+		case a.refused:
+			refused++
+			if first.IsZero() {
+				first = a.at
+			}
+			last = a.at
+			if a.at.Before(sigterm) || a.at.After(listening) {
+				t.Errorf("connection attempt at %s refused outside the restart (SIGTERM %s, new process listening %s)",
+					a.at.Format("15:04:05.000"), sigterm.Format("15:04:05.000"), listening.Format("15:04:05.000"))
+			}
+		case a.err != nil:
+			t.Errorf("connection attempt at %s: %v", a.at.Format("15:04:05.000"), a.err)
+		}
+	}
+	if refused == 0 {
+		t.Errorf("no connection attempt refused between SIGTERM and the new process: the gap this test measures is gone; update README's Static pod part")
+	}
+	t.Logf("kill then start: old process exited %.3fs after SIGTERM, new one listening %.3fs later; %d of %d connection attempts refused, from %.3fs to %.3fs after SIGTERM",
+		exited.Sub(sigterm).Seconds(), listening.Sub(exited).Seconds(), refused, len(attempts), first.Sub(sigterm).Seconds(), last.Sub(sigterm).Seconds())
 }
