@@ -90,9 +90,20 @@ type Config struct {
 	// HealthAddress is the host:port of the health, metrics and status
 	// server. If empty, no health server is started.
 	HealthAddress string
-	// Listen creates the listeners. If nil, net.ListenConfig.Listen (which
-	// sets SO_REUSEADDR, so a restarted proxy rebinds at once).
+	// Listen creates the listeners. If nil, net.ListenConfig.Listen with
+	// SO_REUSEPORT on Linux (and SO_REUSEADDR, so a restarted proxy
+	// rebinds at once): a new proxy binds the addresses while the one it
+	// replaces still serves, and the health listener is bound the same
+	// way. A Listen of the caller's own (e.g. sockets passed by systemd)
+	// is used as given.
 	Listen func(ctx context.Context, network, address string) (net.Listener, error)
+	// HandoverTimeout bounds how long a stopping proxy waits for a
+	// successor listening on the same addresses (SO_REUSEPORT) to become
+	// ready before it steers new connections to it and stops accepting;
+	// see Run. With no successor it does not wait. If zero,
+	// DefaultHandoverTimeout (2s); if negative, no hand-over: the
+	// listeners close at once.
+	HandoverTimeout time.Duration
 
 	// Probe, if set, configures the active health checks: New builds an
 	// *endpoint.Prober from it (endpoint.NewProber) for the pool, and
@@ -242,9 +253,9 @@ func (c *Config) setDefaults() error {
 		c.ListenAddresses = []string{DefaultListenAddress}
 	}
 	if c.Listen == nil {
-		var lc net.ListenConfig
-		c.Listen = lc.Listen
+		c.Listen = listenReusePort
 	}
+	c.HandoverTimeout = endpoint.OrDefault(c.HandoverTimeout, DefaultHandoverTimeout)
 	if c.Pool.Logger.GetSink() == nil {
 		c.Pool.Logger = c.Logger.WithName("pool")
 	}

@@ -143,7 +143,9 @@ func (p *Proxy) HealthAddr() net.Addr {
 
 // Run binds the listeners, probes the endpoints, runs discovery and the
 // state file if configured, serves clients and the health server until ctx
-// is done, then shuts down gracefully: it stops accepting, gives open
+// is done, then shuts down gracefully: it hands over to a successor bound
+// to the same addresses, if there is one (see Config.HandoverTimeout),
+// stops accepting, gives open
 // connections up to ShutdownTimeout, closes the rest and returns once every
 // goroutine it started has returned. It returns an error only when the
 // listeners cannot be bound. Run may be called once.
@@ -204,6 +206,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	p.stopping.Store(true)
+	p.handOver(lns, hln)
 	for _, ln := range lns {
 		ln.Close()
 	}
@@ -235,9 +238,8 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 	}
 	var hln net.Listener
 	if p.cfg.HealthAddress != "" {
-		var lc net.ListenConfig
 		var err error
-		if hln, err = lc.Listen(ctx, "tcp", p.cfg.HealthAddress); err != nil {
+		if hln, err = listenReusePort(ctx, "tcp", p.cfg.HealthAddress); err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("localproxy: health server: %w", err)
 		}

@@ -393,7 +393,7 @@ func (b *builder) discovery(creds *rest.Config, credErr error, l listeners, serv
 }
 
 // connections sets the limits of client and upstream connections:
-// --drain-timeout, --first-byte-timeout, --shutdown-timeout,
+// --drain-timeout, --first-byte-timeout, --shutdown-timeout, --handover-timeout,
 // --max-connections and --proxy-protocol.
 func (b *builder) connections(cfg *localproxy.Config) {
 	if b.drainTimeout < 0 {
@@ -415,6 +415,14 @@ func (b *builder) connections(cfg *localproxy.Config) {
 		cfg.ShutdownTimeout = -1
 	default:
 		cfg.ShutdownTimeout = b.shutdownTimeout
+	}
+	switch {
+	case b.handoverTimeout < 0:
+		b.reject("handover-timeout", b.handoverTimeout, "want 0 (no hand-over) or a positive duration")
+	case b.handoverTimeout == 0:
+		cfg.HandoverTimeout = -1
+	default:
+		cfg.HandoverTimeout = b.handoverTimeout
 	}
 	b.intOK("max-connections", b.maxConnections)
 	cfg.MaxConnections = b.maxConnections

@@ -122,6 +122,24 @@ func TestDaemonSetManifest(t *testing.T) {
 	c := checkPodSpec(t, spec)
 	assert.Contains(t, c.Args, "--enable-discovery=true")
 
+	// An upgrade starts the new pod beside the old one and stops the old
+	// one only once the new one is ready: the node never lacks a
+	// listener on 127.0.0.1:7445 (SO_REUSEPORT lets both bind).
+	us := ds.Spec.UpdateStrategy
+	assert.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, us.Type)
+	require.NotNil(t, us.RollingUpdate)
+	require.NotNil(t, us.RollingUpdate.MaxSurge, "maxSurge")
+	require.NotNil(t, us.RollingUpdate.MaxUnavailable, "maxUnavailable")
+	assert.Equal(t, intstr.FromInt32(1), *us.RollingUpdate.MaxSurge)
+	assert.Equal(t, intstr.FromInt32(0), *us.RollingUpdate.MaxUnavailable)
+	// With hostNetwork every containerPort is a hostPort, which the
+	// scheduler lets only one pod per node hold: the surge pod would
+	// never be scheduled.
+	assert.True(t, spec.HostNetwork)
+	for _, ctr := range spec.Containers {
+		assert.Empty(t, ctr.Ports, "container %s declares ports: they become host ports and block the surge pod", ctr.Name)
+	}
+
 	// The arguments validate, given a service account.
 	dir := t.TempDir()
 	token, ca := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
@@ -161,6 +179,14 @@ func TestSystemdUnitAndContainerfile(t *testing.T) {
 	for _, want := range []string{"[Unit]", "[Service]", "[Install]", "ExecStart=/usr/local/bin/localproxy", "Before=kubelet.service", "DynamicUser=yes", "StateDirectory=apifailover", "Restart=always"} {
 		assert.Contains(t, string(unit), want)
 	}
+	sock, err := os.ReadFile(filepath.Join("deploy", "localproxy.socket"))
+	require.NoError(t, err)
+	// The socket unit listens where the service does by default, so
+	// LISTEN_FDS matches its one listen address.
+	for _, want := range []string{"[Socket]", "ListenStream=127.0.0.1:7445\n", "[Install]", "WantedBy=sockets.target", "Before=kubelet.service"} {
+		assert.Contains(t, string(sock), want)
+	}
+	assert.Equal(t, 1, strings.Count(string(sock), "\nListenStream="), "one listen address")
 	cf, err := os.ReadFile(filepath.Join("deploy", "Containerfile"))
 	require.NoError(t, err)
 	for _, want := range []string{"CGO_ENABLED=0", "FROM scratch", "USER 65534:65534", "./cmd/localproxy", `ENTRYPOINT ["/localproxy"]`} {
@@ -205,9 +231,14 @@ func TestContainerfileBuildAndSystemdUnitVerify(t *testing.T) {
 	}
 	unit, err := os.ReadFile(filepath.Join("deploy", "localproxy.service"))
 	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "apifailover-localproxy.service")
+	units := t.TempDir()
+	path := filepath.Join(units, "apifailover-localproxy.service")
 	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/localproxy", bin)), 0o644))
-	out, err = exec.Command(analyze, "verify", path).CombinedOutput()
+	sock, err := os.ReadFile(filepath.Join("deploy", "localproxy.socket"))
+	require.NoError(t, err)
+	sockPath := filepath.Join(units, "apifailover-localproxy.socket")
+	require.NoError(t, os.WriteFile(sockPath, sock, 0o644))
+	out, err = exec.Command(analyze, "verify", path, sockPath).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.Empty(t, strings.TrimSpace(string(out)), "systemd-analyze verify warns")
 }

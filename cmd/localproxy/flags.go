@@ -40,6 +40,7 @@ type options struct {
 	probeReadyzInterval time.Duration
 	probeIdleReadyz     time.Duration
 	shutdownTimeout     time.Duration
+	handoverTimeout     time.Duration
 	maxConnections      int
 	proxyProtocol       string
 	logLevel            string
@@ -102,6 +103,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.stateFile, "state-file", "", "file keeping the last-known-good endpoints for a cold boot (default: none)")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 0, "how long connections to an endpoint that went down or was removed may stay open; 0 closes them at once")
 	fs.DurationVar(&o.firstByteTimeout, "first-byte-timeout", localproxy.DefaultFirstByteTimeout, "least time an API server may take to send its first byte after a client's first bytes; two connections past it within 2s make the server suspect, so new connections go elsewhere (the deadline grows with the server's own first-byte times); 0 turns the watch off")
+	fs.DurationVar(&o.handoverTimeout, "handover-timeout", localproxy.DefaultHandoverTimeout, "on SIGTERM, when a new localproxy listens on the same addresses (SO_REUSEPORT: a DaemonSet surge pod, an upgrade), how long to wait for its /readyz before handing new connections to it and closing the listeners; 0: no hand-over")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", localproxy.DefaultShutdownTimeout, "on SIGTERM, how long open connections may go on after the listeners close; 0 closes them at once")
 	fs.IntVar(&o.maxConnections, "max-connections", localproxy.DefaultMaxConnections, "maximum concurrent client connections")
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "none", "PROXY protocol header towards the API servers: none, v1 or v2")

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,7 +31,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], takeListenEnv(os.Getenv), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -95,6 +96,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	klog.SetLogger(log.WithName("client-go"))
 	cfg.Logger = log
+	// Sockets passed by systemd (a .socket unit) replace binding.
+	fds, err := parseListenFDs(getenv, os.Getpid())
+	if err == nil && fds.n > 0 {
+		var byAddr map[string]net.Listener
+		if byAddr, err = inheritedListeners(fds, cfg.ListenAddresses, func(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name) }); err == nil {
+			cfg.Listen = listenInherited(byAddr)
+			defer func() {
+				for _, ln := range byAddr { // those Run did not take
+					ln.Close()
+				}
+			}()
+			log.Info("listening on sockets passed by systemd", "sockets", fds.n, "names", fds.names)
+		}
+	}
+	if err != nil {
+		printErrors(stderr, "localproxy", err)
+		return exitUsage
+	}
 	p, err := localproxy.New(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "%v\n", err)

@@ -154,6 +154,7 @@ func TestValidation(t *testing.T) {
 		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
 		{"negative shutdown timeout", append(ok, "--shutdown-timeout=-5s"), nil, []string{"--shutdown-timeout=-5s"}},
+		{"negative handover timeout", ok, []string{"LOCALPROXY_HANDOVER_TIMEOUT", "-1s"}, []string{"LOCALPROXY_HANDOVER_TIMEOUT=-1s", "0 (no hand-over) or a positive duration"}},
 		{"negative first-byte timeout", append(ok, "--first-byte-timeout=-1ms"), nil, []string{"--first-byte-timeout=-1ms", "0 (off) or a positive duration"}},
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
 		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
@@ -307,6 +308,15 @@ func TestValidConfigs(t *testing.T) {
 		assert.Nil(t, cfg.Discovery)
 		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
 		assert.Equal(t, localproxy.DefaultFirstByteTimeout, cfg.FirstByteTimeout)
+		assert.Equal(t, localproxy.DefaultHandoverTimeout, cfg.HandoverTimeout)
+	})
+	t.Run("handover timeout", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_HANDOVER_TIMEOUT", "5s"))
+		require.NoError(t, err)
+		assert.Equal(t, 5*time.Second, cfg.HandoverTimeout)
+		cfg, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--handover-timeout=0"}, env())
+		require.NoError(t, err)
+		assert.Negative(t, cfg.HandoverTimeout, "0: no hand-over")
 	})
 	t.Run("held probes", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--probe=held", "--probe-ping-interval=1s"}, env())

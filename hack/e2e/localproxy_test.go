@@ -34,6 +34,9 @@ func TestLocalProxy(t *testing.T) {
 	t.Run("kubeconfig", func(t *testing.T) { testKubeconfigSubcommand(t, ctx, bed) })
 	t.Run("export", func(t *testing.T) { testExport(t, ctx, bed) })
 	t.Run("failback", func(t *testing.T) { testFailback(t, ctx, bed) })
+	t.Run("handover-reuseport", func(t *testing.T) { testHandoverReusePort(t, ctx, bed) })
+	t.Run("handover-socket-activation", func(t *testing.T) { testHandoverSocketActivation(t, ctx, bed) })
+	t.Run("handover-static-pod-in-place", func(t *testing.T) { testStaticPodInPlace(t, ctx, bed) })
 }
 
 // kubectlAt runs the bed's kubectl with kubeconfig, bounded by 20 s.
