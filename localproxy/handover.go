@@ -19,6 +19,14 @@ const handoverPoll = 20 * time.Millisecond
 // begun on its socket before complete in that time on a loopback address.
 const handoverSettle = 50 * time.Millisecond
 
+// handoverQuiet is how long the accept queues of a stopping proxy must stay
+// empty before it closes them, and handoverDrainMax the most it waits for
+// that.
+const (
+	handoverQuiet    = 50 * time.Millisecond
+	handoverDrainMax = time.Second
+)
+
 // listenReusePort listens on address with SO_REUSEPORT where supported
 // (Linux), so that a new proxy binds the addresses of the one it
 // replaces while that one still serves, and removes a steering program a
@@ -78,15 +86,24 @@ func (p *Proxy) handOver(lns []net.Listener, hln net.Listener) {
 		}
 	}
 	// Keep accepting what the kernel queued on these sockets before the
-	// steering, then until their accept queues are empty (bounded).
+	// steering, then until their accept queues have stayed empty for
+	// handoverQuiet: on a loaded machine a handshake begun before the
+	// steering, or the accept loop's next Accept, can take longer than
+	// handoverSettle, and what is queued when the socket closes is reset.
+	// Bounded by handoverDrainMax.
 	t := time.NewTimer(handoverSettle)
 	defer t.Stop()
 	<-t.C
-	for _, pr := range peers {
-		for i := 0; acceptQueued(pr.ln) > 0 && i < 100; i++ {
-			t.Reset(time.Millisecond)
-			<-t.C
+	end := time.Now().Add(handoverDrainMax)
+	quietSince := time.Now()
+	for time.Now().Before(end) && time.Since(quietSince) < handoverQuiet {
+		for _, pr := range peers {
+			if acceptQueued(pr.ln) > 0 {
+				quietSince = time.Now()
+			}
 		}
+		t.Reset(time.Millisecond)
+		<-t.C
 	}
 }
 
