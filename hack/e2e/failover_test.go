@@ -41,7 +41,7 @@ var scenarios = []scenario{
 	// The pause is shorter than the held probes' default /readyz interval
 	// (10s), which would mostly not see it: /readyz every second, so that
 	// every apiserver fails it and the clients fail open.
-	{name: "S8-etcd-pause", fault: "SIGSTOP etcd for 5s: every apiserver fails /readyz at once", run: s8EtcdPause, readyzInterval: time.Second},
+	{name: "S8-etcd-pause", fault: "SIGSTOP etcd until every apiserver is marked down (at most 7s): every apiserver fails /readyz at once", run: s8EtcdPause, readyzInterval: time.Second},
 	// The shim slows only new connections; a held probe connection made
 	// before keeps its speed, and only new connections could tell. So
 	// the probes here make a new connection each, as the readyz mode

@@ -505,12 +505,14 @@ func s7Churn(e *env) {
 	}
 }
 
-// etcdPause is how long S8 keeps etcd stopped: longer than it takes the
-// client to mark every apiserver down (fall 2 x 1 s probes), shorter than
-// the 10 s drain of connections to servers that fail /readyz.
-const etcdPause = 5 * time.Second
+// etcdPause is the longest S8 keeps etcd stopped, waiting for the client
+// to mark every apiserver down (fall 2 x 1 s probes: about 3 s, more on a
+// loaded machine): shorter than the 10 s drain of connections to servers
+// that fail /readyz, which the first one marked down starts.
+const etcdPause = 7 * time.Second
 
-// S8: etcd stops for etcdPause. Every apiserver fails /readyz at once, or
+// S8: etcd stops until the client marks every apiserver down (at most
+// etcdPause). Every apiserver fails /readyz at once, or
 // answers it late, yet stays up and serves watches from its cache; there is
 // nowhere better to go. The client may mark them all down, but must not
 // cut its connections: no watch restarted, no relist, no request failed
@@ -520,7 +522,9 @@ func s8EtcdPause(e *env) {
 	e.waitSteady(w)
 	t0 := e.inject("SIGSTOP etcd", e.bed.PauseEtcd)
 	down, lastDown := 0, t0
-	e.waitFor("etcd paused", etcdPause, func() bool {
+	// etcd stays stopped until every apiserver is marked down (the state
+	// the scenario is about), at most etcdPause.
+	e.waitFor("every apiserver marked down while etcd is paused", etcdPause, func() bool {
 		n := 0
 		for _, st := range e.c.Endpoints() {
 			if st != "healthy" {
@@ -530,7 +534,7 @@ func s8EtcdPause(e *env) {
 		if n > down {
 			down, lastDown = n, time.Now()
 		}
-		return false
+		return down == len(e.bed.APIServers())
 	})
 	t1 := e.inject("SIGCONT etcd", e.bed.ResumeEtcd)
 	e.figure("apiservers_marked_down", float64(down), "")
