@@ -19,7 +19,10 @@ import (
 // upstream that has sent nothing by the first-byte deadline after the
 // client's first bytes went upstream is silent: hung (SIGSTOP, a wedged
 // process, a kernel that still completes TCP handshakes for it) or
-// unreachable beyond the first hop. silentThreshold silent connections
+// unreachable beyond the first hop. A connection past its deadline ranks
+// its endpoint after the others at once, before locality and RTT tier
+// (upstream.Pool.AddStalled), until it answers or ends, so that the next
+// client does not wait on the same server. silentThreshold silent connections
 // within silentWindow make the endpoint suspect in the pool at once, so new
 // client connections go elsewhere while the probes decide whether it is
 // down; the connections already spliced to it are not cut. A first byte
@@ -158,6 +161,7 @@ type firstByte struct {
 	expired  bool // the deadline passed first
 	settled  bool // the upstream answered or failed
 	waiting  bool // counted in the pool's AddWaiting
+	stalled  bool // counted in the pool's AddStalled
 	deadline time.Duration
 }
 
@@ -185,20 +189,31 @@ func (f *firstByte) sent() {
 	f.w.pool.AddWaiting(f.addr, 1)
 }
 
+// counted is what a watch has counted in the pool, to be taken back when
+// it settles.
+type counted struct{ waiting, stalled bool }
+
 // settleLocked settles the watch; the caller calls unwait after f.mu.
-func (f *firstByte) settleLocked() (wasWaiting bool) {
+func (f *firstByte) settleLocked() counted {
 	f.settled = true
 	f.stopLocked()
-	wasWaiting, f.waiting = f.waiting, false
-	return wasWaiting
+	c := counted{waiting: f.waiting, stalled: f.stalled}
+	f.waiting, f.stalled = false, false
+	return c
 }
 
-func (f *firstByte) unwait(wasWaiting bool) {
-	if wasWaiting {
+func (f *firstByte) unwait(c counted) {
+	if c.stalled {
+		f.w.pool.AddStalled(f.addr, -1)
+	}
+	if c.waiting {
 		f.w.pool.AddWaiting(f.addr, -1)
 	}
 }
 
+// expire: the deadline passed with no byte from the upstream. The
+// connection counts as stalled in the pool until it settles, so that new
+// connections go elsewhere at once, and as silent (see silent).
 func (f *firstByte) expire() {
 	f.mu.Lock()
 	if f.settled {
@@ -208,6 +223,15 @@ func (f *firstByte) expire() {
 	f.expired = true
 	d := f.deadline
 	f.mu.Unlock()
+	f.w.pool.AddStalled(f.addr, 1)
+	f.mu.Lock()
+	// Settled while the pool was told: take it back here, settle did not.
+	undo := f.settled
+	f.stalled = !undo
+	f.mu.Unlock()
+	if undo {
+		f.w.pool.AddStalled(f.addr, -1)
+	}
 	f.w.silent(f.addr, fmt.Errorf("no byte from the upstream %v after the client's first bytes", d))
 }
 

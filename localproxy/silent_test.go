@@ -2,6 +2,7 @@ package localproxy_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -137,4 +138,55 @@ func TestSilentUpstreamBecomesSuspect(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return !statusOf(t, r.Pool(), a.addr()).Suspect }, 10*time.Second, 5*time.Millisecond,
 		"an upstream that answers again stays suspect")
+}
+
+// rttProber answers every probe, reporting a fixed round trip per address.
+type rttProber map[string]time.Duration
+
+func (p rttProber) Probe(ctx context.Context, addr string) error { return nil }
+
+func (p rttProber) ProbeRTT(ctx context.Context, addr string) (time.Duration, error) {
+	return p[addr], nil
+}
+
+// A connection past its first-byte deadline sends the next ones elsewhere
+// at once, even to an upstream with a worse round trip: the server that
+// hangs is often the fastest until then, and one silent connection is not
+// yet a suspicion (two are). Once it answers, the better upstream is
+// first again.
+func TestStalledUpstreamLosesNewConnectionsAcrossRTTTiers(t *testing.T) {
+	a, b := newFreezable(t), newFreezable(t)
+	r := start(t, localproxy.Config{
+		Endpoints: []string{a.addr(), b.addr()},
+		Pool: upstream.Config{Interval: time.Hour, Prober: rttProber{
+			a.addr(): time.Millisecond,     // RTT tier 0
+			b.addr(): 5 * time.Millisecond, // RTT tier 1
+		}},
+		FirstByteTimeout: 100 * time.Millisecond,
+		StaggerDelay:     time.Minute,
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{a.addr(), b.addr()}, r.Pool().Candidates())
+	a.frozen.Store(true)
+
+	stuck := dial(t, r.addr())
+	_, err := io.WriteString(stuck, "hello\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return statusOf(t, r.Pool(), a.addr()).Stalled == 1 }, 10*time.Second, 5*time.Millisecond)
+	for i := range 5 {
+		c := dial(t, r.addr())
+		require.NoError(t, roundTrip(c, "hello\n"), "connection %d went to the upstream that stalled", i+2)
+		c.Close()
+	}
+	assert.False(t, statusOf(t, r.Pool(), a.addr()).Suspect, "one silent connection made it suspect")
+
+	close(a.thawed)
+	a.frozen.Store(false)
+	stuck.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(stuck).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", line)
+	require.Eventually(t, func() bool { return statusOf(t, r.Pool(), a.addr()).Stalled == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, a.addr(), r.Pool().Candidates()[0])
+	stuck.Close()
 }

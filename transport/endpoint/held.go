@@ -324,11 +324,19 @@ func (c *watchedConn) lostErr() error {
 // request at all. The round trip is the PINGs' (see ProbeRTT). A probe
 // that fails other than by an answer of the server (a ReadyzError with a
 // status) closes the connection; a new connection always gets a GET
-// /readyz first.
+// /readyz first. The probe of a suspect endpoint (upstream.Suspected)
+// first checks a new connection as ProbeReadyz does: what made it suspect
+// were new connections failing or staying silent, which the held one,
+// still answering PINGs, cannot vouch against.
 func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, error) {
 	h, err := p.held.get(addr)
 	if err != nil {
 		return 0, err
+	}
+	if upstream.Suspected(ctx) {
+		if err := p.probeFresh(ctx, addr); err != nil {
+			return 0, err
+		}
 	}
 	h.probing.Lock()
 	defer h.probing.Unlock()

@@ -619,3 +619,30 @@ func TestQuietInterval(t *testing.T) {
 	assert.Equal(t, endpoint.DefaultQuietInterval, (&endpoint.Prober{Mode: endpoint.ProbeHeld}).QuietInterval())
 	assert.Equal(t, time.Second, (&endpoint.Prober{Mode: endpoint.ProbeHeld, ReadyzInterval: time.Second}).QuietInterval())
 }
+
+// The probe of a suspect endpoint (upstream.Suspected) does not take the
+// held connection's word: new connections to it failed or stayed silent,
+// and the held one can still answer PINGs while they do (a full accept
+// queue, a listener that stopped). It checks over a new connection, and
+// fails if that does; the held connection stays.
+func TestHeldProbeSuspectedChecksANewConnection(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	require.Equal(t, int32(1), s.handshakes.Load())
+
+	rtt, err := p.ProbeRTT(upstream.WithSuspected(probeCtx(t, time.Second)), s.addr)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), s.handshakes.Load(), "the suspect endpoint's probe opened no new connection")
+	assert.Equal(t, int32(2), s.requests.Load(), "no /readyz over the new connection")
+	assert.Positive(t, rtt)
+
+	// New connections are refused; the held one still answers.
+	require.NoError(t, s.Listener.Close())
+	err = p.Probe(upstream.WithSuspected(probeCtx(t, time.Second)), s.addr)
+	require.Error(t, err, "the suspect endpoint passed on the held connection's word")
+	assert.ErrorContains(t, err, "refused")
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr), "the held connection was dropped")
+}

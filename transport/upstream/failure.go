@@ -37,7 +37,8 @@ const (
 	// before their first byte (see localproxy). The endpoint is suspect at
 	// once, so new connections go elsewhere, and probed early; it is not
 	// counted towards Fall: a silence is not proof, the probes decide.
-	// ReportAnswered lifts the suspicion.
+	// ReportAnswered lifts the suspicion, and so does a probe asked after
+	// it (see Suspected), not one under way when it came.
 	FailureSilent
 )
 

@@ -10,6 +10,7 @@ import (
 // rankKey orders endpoints; smaller is better. Fields are compared in order.
 type rankKey struct {
 	class      int // health: see healthClass
+	stalled    int // connections waiting past their first-byte deadline (AddStalled)
 	locality   int // 0 local, 1 same zone, 2 elsewhere
 	lastResort int // 1 for an endpoint known only from static config
 	tier       int // RTT tier, see rttTier and stickyTier
@@ -83,6 +84,7 @@ func stickyTier(cur int, d time.Duration) int {
 func (p *Pool) keyLocked(e *endpoint) rankKey {
 	k := rankKey{
 		class:    healthClass(e),
+		stalled:  e.stalled,
 		locality: 2,
 		tier:     e.tier,
 		waiting:  e.waiting,
@@ -107,6 +109,7 @@ func (p *Pool) keyLocked(e *endpoint) rankKey {
 func compareKeys(a, b rankKey) int {
 	return cmp.Or(
 		cmp.Compare(a.class, b.class),
+		cmp.Compare(a.stalled, b.stalled),
 		cmp.Compare(a.locality, b.locality),
 		cmp.Compare(a.lastResort, b.lastResort),
 		cmp.Compare(a.tier, b.tier),
@@ -160,8 +163,8 @@ func hostOf(addr string) string {
 	return host
 }
 
-// Outranks reports whether a is healthy (not suspect, draining or slow
-// either) and ranks above b for lasting reasons: locality (local, then
+// Outranks reports whether a is healthy (not suspect, draining, slow or
+// stalled either) and ranks above b for lasting reasons: locality (local, then
 // same zone), discovered before static-only (the last resort), lower RTT
 // tier. It compares the candidate order's own keys (Candidates), without
 // what only orders equals (waiting connections, stickiness, the tie
@@ -172,7 +175,7 @@ func (p *Pool) Outranks(a, b string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ea, eb := p.eps[a], p.eps[b]
-	if ea == nil || eb == nil || ea.state != StateHealthy || healthClass(ea) != 0 {
+	if ea == nil || eb == nil || ea.state != StateHealthy || healthClass(ea) != 0 || ea.stalled > 0 {
 		return false
 	}
 	lasting := func(k rankKey) rankKey {

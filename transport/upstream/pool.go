@@ -215,8 +215,13 @@ type endpoint struct {
 	tier     int // RTT tier of rtt, with hysteresis; see setRTTLocked
 	conns    int
 	waiting  int // see AddWaiting
-	lastErr  error
-	since    time.Time
+	stalled  int // see AddStalled
+	// suspectGen counts the times the endpoint became suspect, so that a
+	// probe's success lifts only a suspicion it was asked for (see
+	// Suspected).
+	suspectGen uint64
+	lastErr    error
+	since      time.Time
 	// Dial races (see slow.go): consecutive races lost as the first
 	// candidate, the current demotion's length, and when it ends (zero
 	// when not demoted).
@@ -414,6 +419,25 @@ func (p *Pool) AddWaiting(addr string, n int) {
 	p.flush()
 }
 
+// AddStalled adds n (1 or -1) to the connections to addr that have
+// waited for their first byte past their deadline and still wait. An
+// endpoint with such a connection ranks after those without, right after
+// health and before locality and RTT tier: a server that stops answering
+// is often the preferred one until then, and the next connection must not
+// wait on it while the silence is confirmed (see FailureSilent). It is no
+// health mark: probes and Fall are unaffected, and the endpoint ranks as
+// before once its connections answer or end.
+func (p *Pool) AddStalled(addr string, n int) {
+	p.mu.Lock()
+	if e, ok := p.eps[addr]; ok {
+		e.stalled = max(0, e.stalled+n)
+		p.dirty = true
+		p.rebuildLocked()
+	}
+	p.mu.Unlock()
+	p.flush()
+}
+
 // ConnOpened counts an open connection to addr; ConnClosed uncounts it.
 func (p *Pool) ConnOpened(addr string) { p.addConns(addr, 1) }
 
@@ -433,14 +457,17 @@ func (p *Pool) observe(addr string, rtt time.Duration, err error, f Failure) {
 	now := time.Now()
 	p.mu.Lock()
 	if e, ok := p.eps[addr]; ok {
-		p.observeLocked(e, rtt, err, f, now)
+		p.observeLocked(e, rtt, err, f, true, now)
 		p.rebuildLocked()
 	}
 	p.mu.Unlock()
 	p.flush()
 }
 
-func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failure, now time.Time) {
+// observeLocked applies one result to e. A success lifts a suspicion only
+// if lift is set: a probe begun before the endpoint became suspect (or
+// without being told, see Suspected) proves nothing about what made it so.
+func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failure, lift bool, now time.Time) {
 	if e.state == StateQuarantined {
 		return // only a re-probe (reprobedLocked) or a configuration change lifts it
 	}
@@ -449,8 +476,12 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 		e.succ++
 		e.fail = 0
 		e.lastErr = nil
-		if e.suspect || e.draining {
-			e.suspect, e.draining = false, false
+		if e.suspect && lift {
+			e.suspect = false
+			p.dirty = true
+		}
+		if e.draining {
+			e.draining = false
 			p.dirty = true
 		}
 		if e.state == StateUnknown || e.state == StateUnhealthy && e.succ >= p.cfg.Rise {
@@ -477,20 +508,23 @@ func (p *Pool) observeLocked(e *endpoint, rtt time.Duration, err error, f Failur
 		return
 	}
 	if f == FailureSilent {
-		if !e.suspect && (e.state == StateHealthy || e.state == StateUnknown) {
-			e.suspect = true
-			p.dirty = true
-		}
+		p.suspectLocked(e)
 		return
 	}
 	e.succ = 0
 	e.fail++
-	if !e.suspect && (e.state == StateHealthy || e.state == StateUnknown) {
-		e.suspect = true
-		p.dirty = true
-	}
+	p.suspectLocked(e)
 	if e.state == StateUnknown || e.state == StateHealthy && e.fail >= p.cfg.Fall {
 		p.setStateLocked(e, StateUnhealthy, err, now)
+	}
+}
+
+// suspectLocked makes a healthy (or not yet probed) e suspect.
+func (p *Pool) suspectLocked(e *endpoint) {
+	if !e.suspect && (e.state == StateHealthy || e.state == StateUnknown) {
+		e.suspect = true
+		e.suspectGen++
+		p.dirty = true
 	}
 }
 
@@ -640,7 +674,9 @@ func (p *Pool) Pick() (string, error) {
 }
 
 // Candidates returns every endpoint, best first: healthy before unknown
-// before suspect before unhealthy; local before same zone before the rest;
+// before suspect before unhealthy; without connections stalled past their
+// first-byte deadline before with (AddStalled); local before same zone
+// before the rest;
 // then endpoints known only from static configuration (typically the origin,
 // which may be a VIP or a load balancer in front of the others) after
 // discovered ones, so they serve as the last resort; lower RTT tier first;
@@ -711,6 +747,7 @@ func (p *Pool) Status() []Status {
 			RTT:       e.rtt,
 			Conns:     e.conns,
 			Waiting:   e.waiting,
+			Stalled:   e.stalled,
 			Preferred: e.addr == p.preferred,
 			LastError: errString(e.lastErr),
 			Since:     e.since,

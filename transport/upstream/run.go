@@ -82,10 +82,32 @@ func (p *Pool) jitter(d time.Duration) time.Duration {
 }
 
 // probeJob is one probe of a round. qGen is the endpoint's quarantine
-// generation for a re-probe of a quarantined endpoint, zero otherwise.
+// generation for a re-probe of a quarantined endpoint, zero otherwise;
+// suspectGen its suspicion count when the probe was asked, suspect
+// whether it was suspect then (see Suspected).
 type probeJob struct {
-	addr string
-	qGen uint64
+	addr       string
+	qGen       uint64
+	suspectGen uint64
+	suspect    bool
+}
+
+type suspectedKey struct{}
+
+// WithSuspected returns ctx marked for the probe of a suspect endpoint
+// (see Suspected).
+func WithSuspected(ctx context.Context) context.Context {
+	return context.WithValue(ctx, suspectedKey{}, true)
+}
+
+// Suspected reports whether ctx is a probe's of an endpoint that is
+// suspect: new connections to it failed or stayed silent. Only such a
+// probe's success lifts the suspicion, so a Prober that can answer from
+// what it saw earlier (a held connection whose PINGs were answered) must
+// check what made it suspect, over a new connection.
+func Suspected(ctx context.Context) bool {
+	v, _ := ctx.Value(suspectedKey{}).(bool)
+	return v
 }
 
 type probeResult struct {
@@ -103,7 +125,7 @@ func (p *Pool) probeRound(ctx context.Context) {
 	for addr, e := range p.eps {
 		switch {
 		case e.state != StateQuarantined:
-			jobs = append(jobs, probeJob{addr: addr})
+			jobs = append(jobs, probeJob{addr: addr, suspectGen: e.suspectGen, suspect: e.suspect})
 		case !now.Before(e.qNext):
 			jobs = append(jobs, probeJob{addr: addr, qGen: e.qGen})
 		}
@@ -139,7 +161,7 @@ func (p *Pool) probeRound(ctx context.Context) {
 		switch {
 		case !ok:
 		case e.state != StateQuarantined:
-			p.observeLocked(e, r.rtt, r.err, 0, now)
+			p.observeLocked(e, r.rtt, r.err, 0, r.suspectGen == e.suspectGen, now)
 		case r.qGen == e.qGen:
 			p.reprobedLocked(e, r.rtt, r.err, now)
 		default:
@@ -168,6 +190,9 @@ func (p *Pool) probeWorker(ctx context.Context, queue <-chan probeJob, results c
 func (p *Pool) probeOne(ctx context.Context, j probeJob) probeResult {
 	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
+	if j.suspect {
+		pctx = WithSuspected(pctx)
+	}
 	start := time.Now()
 	p.active.Store(start.UnixNano())
 	var (

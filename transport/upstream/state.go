@@ -121,6 +121,9 @@ type Status struct {
 	// Waiting is the number of those waiting for their first byte (see
 	// Pool.AddWaiting).
 	Waiting int `json:"waiting,omitempty"`
+	// Stalled is the number of those waiting past their deadline (see
+	// Pool.AddStalled).
+	Stalled int `json:"stalled,omitempty"`
 	// Preferred marks the endpoint new connections go to first.
 	Preferred bool `json:"preferred"`
 	// LastError is the most recent failure, empty after a success.
