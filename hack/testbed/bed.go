@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -79,8 +80,9 @@ type Bed struct {
 	addrs           *loAddrs
 	exempt          bool // apiservers run as APIServerGID; their own connections escape faults
 
-	mu         sync.Mutex // guards members, next, etcdPaused
+	mu         sync.Mutex // guards members, next, etcdPaused, etcd.proc
 	etcdPaused bool
+	closing    atomic.Bool // Close has begun: processes end as asked
 	members    []*APIServer
 	next       int // index of the next apiserver to add
 
@@ -217,6 +219,7 @@ func (b *Bed) start(ctx context.Context) error {
 		return fmt.Errorf("testbed: %w", err)
 	}
 	b.procs.add(b.etcd.proc)
+	b.watchEtcd(b.etcd.proc)
 	b.logf("etcd ready at %s", b.etcd.clientURL)
 
 	// One after the other: an apiserver's first endpoint reconcile lists
@@ -291,6 +294,9 @@ func (b *Bed) startAndWait(ctx context.Context, s *APIServer) error {
 		return err
 	}
 	if err := s.waitReady(ctx); err != nil {
+		if dead := b.etcdExited(); dead != nil {
+			err = fmt.Errorf("%w (etcd is not running: %w)", err, dead)
+		}
 		return err
 	}
 	err := b.waitEndpoints(ctx, b.readyTimeout, fmt.Sprintf("kubernetes EndpointSlice does not list %s", s.Addr()),
@@ -421,6 +427,7 @@ func (b *Bed) Kubectl(ctx context.Context, args ...string) (string, error) {
 // call more than once.
 func (b *Bed) Close() error {
 	b.closeOnce.Do(func() {
+		b.closing.Store(true)
 		var errs []error
 		for _, s := range b.APIServers() {
 			errs = append(errs, s.Fast())
@@ -446,4 +453,48 @@ func (b *Bed) Close() error {
 		b.logf("closed")
 	})
 	return b.closeErr
+}
+
+// watchEtcd logs etcd's end at once when nobody asked for it, with its
+// log's last lines: every apiserver fails from then on, and a scenario
+// then only sees apiservers that stopped answering.
+func (b *Bed) watchEtcd(p *process) {
+	go func() {
+		<-p.done
+		if !b.closing.Load() {
+			b.logf("etcd exited unexpectedly: %v", p.exitedError())
+		}
+	}()
+}
+
+// etcdExited returns why etcd is not running, nil if it runs.
+func (b *Bed) etcdExited() error {
+	b.mu.Lock()
+	p := b.etcd.proc
+	b.mu.Unlock()
+	if done, _ := p.exited(); done {
+		return p.exitedError()
+	}
+	return nil
+}
+
+// reviveEtcd starts etcd again, on its data and addresses, if it exited
+// unasked (Heal): the apiservers reconnect by themselves.
+func (b *Bed) reviveEtcd(ctx context.Context) error {
+	dead := b.etcdExited()
+	if dead == nil {
+		return nil
+	}
+	b.logf("restarting etcd, which exited unasked: %v", dead)
+	p, err := b.etcd.launch(ctx, b.readyTimeout)
+	if err != nil {
+		return fmt.Errorf("testbed: restarting etcd: %w", err)
+	}
+	b.mu.Lock()
+	b.etcd.proc, b.etcdPaused = p, false
+	b.mu.Unlock()
+	b.procs.add(p)
+	b.watchEtcd(p)
+	b.logf("etcd restarted at %s", b.etcd.clientURL)
+	return nil
 }

@@ -13,8 +13,10 @@ import (
 
 // etcd is the single-member etcd every apiserver stores into.
 type etcd struct {
-	proc      *process
+	proc      *process // the running process; replaced by a restart
 	clientURL string
+	peerURL   string
+	path, dir string // the binary, and the bed's directory (data under etcd/)
 }
 
 // freePort returns a currently unused TCP port on 127.0.0.1. Inside the
@@ -39,33 +41,46 @@ func startEtcd(ctx context.Context, path, dir string, timeout time.Duration) (*e
 	if err != nil {
 		return nil, err
 	}
-	clientURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	e := &etcd{
+		clientURL: fmt.Sprintf("http://127.0.0.1:%d", clientPort),
+		peerURL:   fmt.Sprintf("http://127.0.0.1:%d", peerPort),
+		path:      path,
+		dir:       dir,
+	}
+	if e.proc, err = e.launch(ctx, timeout); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// launch starts an etcd process on e's URLs and data, and waits until
+// /health reports true. Started again after an exit, etcd keeps its data
+// (the initial-cluster flags apply to a new data directory only).
+func (e *etcd) launch(ctx context.Context, timeout time.Duration) (*process, error) {
 	args := []string{
 		"--name=testbed",
-		"--data-dir=" + filepath.Join(dir, "etcd"),
-		"--listen-client-urls=" + clientURL,
-		"--advertise-client-urls=" + clientURL,
-		"--listen-peer-urls=" + peerURL,
-		"--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=testbed=" + peerURL,
+		"--data-dir=" + filepath.Join(e.dir, "etcd"),
+		"--listen-client-urls=" + e.clientURL,
+		"--advertise-client-urls=" + e.clientURL,
+		"--listen-peer-urls=" + e.peerURL,
+		"--initial-advertise-peer-urls=" + e.peerURL,
+		"--initial-cluster=testbed=" + e.peerURL,
 		"--initial-cluster-state=new",
 		"--logger=zap",
 		"--log-outputs=stderr",
 		"--log-level=warn",
 	}
-	proc, err := startProcess("etcd", filepath.Join(dir, "etcd.log"), path, args, nil)
+	proc, err := startProcess("etcd", filepath.Join(e.dir, "etcd.log"), e.path, args, nil)
 	if err != nil {
 		return nil, err
 	}
-	e := &etcd{proc: proc, clientURL: clientURL}
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
-	err = poll(ctx, timeout, "etcd at "+clientURL+" not healthy", func(ctx context.Context) (bool, error) {
+	err = poll(ctx, timeout, "etcd at "+e.clientURL+" not healthy", func(ctx context.Context) (bool, error) {
 		if done, _ := proc.exited(); done {
 			return false, stopPolling(proc.exitedError())
 		}
-		return etcdHealthy(ctx, client, clientURL)
+		return etcdHealthy(ctx, client, e.clientURL)
 	})
 	if err != nil {
 		_ = proc.kill()
@@ -74,7 +89,7 @@ func startEtcd(ctx context.Context, path, dir string, timeout time.Duration) (*e
 		}
 		return nil, err
 	}
-	return e, nil
+	return proc, nil
 }
 
 func etcdHealthy(ctx context.Context, client *http.Client, url string) (bool, error) {

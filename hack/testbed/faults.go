@@ -226,6 +226,9 @@ func (b *Bed) ResumeEtcd() error {
 // kubernetes EndpointSlice lists them all: a scenario or benchmark run
 // after it starts from a healthy control plane.
 func (b *Bed) Heal(ctx context.Context) error {
+	if err := b.reviveEtcd(ctx); err != nil {
+		return err
+	}
 	errs := []error{b.ResumeEtcd()}
 	for _, s := range b.APIServers() {
 		errs = append(errs, s.Resume(), s.Restore(), s.Fast())

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -402,6 +403,37 @@ func TestSmoke(t *testing.T) {
 	})
 
 	grayFaults(t, ctx, bed, s)
+
+	// etcd dying unasked (killed from outside, crashed) is no fault a
+	// scenario injects: Heal starts it again on its data, and the
+	// apiservers recover by themselves.
+	t.Run("etcd revived by Heal", func(t *testing.T) {
+		var etcdPID int
+		for _, pid := range childPIDs(t) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "etcd" {
+				etcdPID = pid
+			}
+		}
+		if etcdPID == 0 {
+			t.Fatalf("no etcd among the children %v", childPIDs(t))
+		}
+		if err := syscall.Kill(etcdPID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := pollUntil(ctx, 30*time.Second, func() bool { return !slices.Contains(childPIDs(t), etcdPID) }); err != nil {
+			t.Fatalf("etcd (pid %d) not reaped: %v", etcdPID, err)
+		}
+		began := time.Now()
+		if err := bed.Heal(ctx); err != nil {
+			t.Fatalf("Heal with etcd gone: %v", err)
+		}
+		t.Logf("fact: Heal restarted etcd and every apiserver was ready %s later", time.Since(began).Round(time.Millisecond))
+		cs := freshClient(t, bed, servers[1], 10*time.Second)
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "after-etcd-restart-"}}
+		if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("a write after etcd's restart: %v", err)
+		}
+	})
 
 	t.Run("add and remove", func(t *testing.T) {
 		began := time.Now()
