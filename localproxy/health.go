@@ -90,7 +90,7 @@ func (p *Proxy) live(startedAt time.Time) error {
 	if p.cfg.Pool.Prober == nil || p.cfg.LivenessThreshold < 0 {
 		return nil
 	}
-	pc := p.pool.Config()
+	pc := p.probeSchedule
 	stale := 3*pc.Interval + pc.Timeout
 	if p.cfg.LivenessThreshold > 0 {
 		stale = p.cfg.LivenessThreshold

@@ -18,10 +18,14 @@ import (
 // Proxy is the node-local L4 proxy. Create it with New and start it with
 // Run.
 type Proxy struct {
-	cfg    Config
-	log    logr.Logger
-	pool   *upstream.Pool
-	dialer *endpoint.Dialer
+	cfg  Config
+	log  logr.Logger
+	pool *upstream.Pool
+	// probeSchedule is the pool's configuration with its defaults, for
+	// its Interval and Timeout: read once, as the pool's Config must not
+	// be read while SetZone may run.
+	probeSchedule upstream.Config
+	dialer        *endpoint.Dialer
 	// hold closes new clients at once, without dialing, for a moment after
 	// every endpoint refused.
 	hold endpoint.Holdoff
@@ -74,7 +78,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
-	p.pool = pool
+	p.pool, p.probeSchedule = pool, pool.Config()
 	// Failures seen on held probe connections (endpoint.ProbeHeld)
 	// between probes count at once.
 	if pr := p.Prober(); pr != nil {
