@@ -75,13 +75,15 @@ func ParseProxyProtocol(s string) (ProxyProtocol, error) {
 
 // Config configures a Proxy. Only Endpoints is required.
 type Config struct {
-	// Endpoints are the static API server endpoints (host:port), always in
-	// the pool. At least one is required.
+	// Endpoints are the static API server endpoints, always in the pool:
+	// host:port, optionally followed by @zone, the server's topology zone
+	// (see ParseEndpoint). At least one is required. A zone given here is
+	// kept when discovery, which knows none, reports the same address.
 	Endpoints []string
 	// Origin is the API server name clients use (the name in its
 	// certificate, as set with tls-server-name in their kubeconfig). It
 	// identifies the state file and is shown by /status. If empty, the
-	// first endpoint.
+	// first endpoint's address.
 	Origin string
 
 	// ListenAddresses are the host:port addresses to accept clients on,
@@ -226,6 +228,8 @@ type Config struct {
 	// V(4). The zero value discards.
 	Logger logr.Logger
 
+	// specs are Endpoints parsed by setDefaults.
+	specs []upstream.Spec
 	// prober is the Prober built from Probe by setDefaults, nil if none.
 	prober *endpoint.Prober
 	// health holds limits of the health server that tests shorten.
@@ -236,18 +240,19 @@ func (c *Config) setDefaults() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("localproxy: no endpoints configured")
 	}
+	c.specs = make([]upstream.Spec, len(c.Endpoints))
 	for i, e := range c.Endpoints {
-		addr, err := upstream.ParseAddr(e)
+		spec, err := ParseEndpoint(e)
 		if err != nil {
 			return fmt.Errorf("localproxy: Endpoints: %w", err)
 		}
-		c.Endpoints[i] = addr
+		c.specs[i], c.Endpoints[i] = spec, FormatEndpoint(spec)
 	}
 	if c.Discovery != nil && c.Discovery.Insecure {
 		return ErrInsecureDiscovery
 	}
 	if c.Origin == "" {
-		c.Origin = c.Endpoints[0]
+		c.Origin = c.specs[0].Addr
 	}
 	if len(c.ListenAddresses) == 0 {
 		c.ListenAddresses = []string{DefaultListenAddress}

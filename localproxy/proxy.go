@@ -92,11 +92,7 @@ func New(cfg Config) (*Proxy, error) {
 		Prober:        p.Prober(),
 	})
 	// setDefaults validated the endpoints, so Set cannot fail.
-	specs := make([]upstream.Spec, len(cfg.Endpoints))
-	for i, e := range cfg.Endpoints {
-		specs[i] = upstream.Spec{Addr: e}
-	}
-	if err := pool.Set(upstream.SourceStatic, specs); err != nil {
+	if err := pool.Set(upstream.SourceStatic, cfg.specs); err != nil {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
 	p.m, err = newMetrics(cfg.Registry, pool)
