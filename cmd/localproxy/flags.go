@@ -21,6 +21,8 @@ const envPrefix = "LOCALPROXY_"
 // options are the raw flag values.
 type options struct {
 	endpoints           string
+	zone                string
+	nodeName            string
 	bindAddress         string
 	bindPort            int
 	healthBindAddress   string
@@ -76,6 +78,10 @@ func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// envAliases are further environment variables of flags, read when
+// neither the flag nor its LOCALPROXY_ variable is set.
+var envAliases = map[string]string{"node-name": "NODE_NAME"}
+
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
@@ -83,7 +89,9 @@ func envName(flagName string) string {
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("localproxy", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name); required")
+	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name), each optionally followed by @zone, its topology zone (e.g. 10.0.0.1:6443@zone-a); required")
+	fs.StringVar(&o.zone, "zone", "", "this node's topology zone: API servers in it (by their @zone in --endpoints, or discovered with one) are preferred after local ones (default: the topology.kubernetes.io/zone label of --node-name's Node, else none)")
+	fs.StringVar(&o.nodeName, "node-name", "", "the Node this proxy runs on (also read from NODE_NAME, as the DaemonSet sets it): without --zone, its topology.kubernetes.io/zone label becomes the zone, read through this proxy with the credentials of --kubeconfig or the service account (RBAC: get nodes) at start and every 10m; the proxy serves meanwhile")
 	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1", "comma-separated IP addresses (or host names, resolved at start) to accept clients on, e.g. 127.0.0.1,::1")
 	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
 	fs.StringVar(&o.healthBindAddress, "health-bind-address", "", "IP address or host name of the health, metrics and status server (default: the first --bind-address)")
@@ -196,6 +204,18 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 		}
 		o.from[f.Name] = env
 	})
+	// Variables of other names that a flag reads last, e.g. NODE_NAME,
+	// which deployments set from the downward API.
+	for name, env := range envAliases {
+		_, set := o.from[name]
+		if v := getenv(env); fs.Lookup(name) != nil && !set && v != "" {
+			if err := fs.Set(name, v); err != nil {
+				errs = append(errs, usagef("invalid %s: %v", input(env, name, v), err))
+				continue
+			}
+			o.from[name] = env
+		}
+	}
 	return errors.Join(errs...)
 }
 
