@@ -128,10 +128,12 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n"+
-			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n\n"+
+			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n"+
+			"       localproxy state-dir --state-file=FILE [--owner=UID:GID]\n\n"+
 			"A node-local TCP proxy on 127.0.0.1:7445 failing over across Kubernetes API servers.\n"+
 			"'localproxy status' prints a running proxy's endpoints and their health; 'localproxy kubeconfig'\n"+
-			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its --help).\n"+
+			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its --help);\n"+
+			"'localproxy state-dir', run as root, makes the state file's directory the proxy user's.\n"+
 			"Every flag can also be set with the environment variable %s<FLAG_NAME> (e.g. %s); the flag wins.\n\nFlags:\n", envPrefix, envName("bind-port"))
 		fs.PrintDefaults()
 	}
@@ -177,7 +179,7 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	}
 	if fs.NArg() > 0 {
 		if fs.Name() == "localproxy" {
-			return usagef("unexpected argument %q (flags only; the subcommands, status and kubeconfig, are given first)", fs.Arg(0))
+			return usagef("unexpected argument %q (flags only; the subcommands, status, kubeconfig and state-dir, are given first)", fs.Arg(0))
 		}
 		return usagef("unexpected argument %q; %s takes flags only (see '%s --help')", fs.Arg(0), fs.Name(), fs.Name())
 	}

@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "kubeconfig":
 			return runKubeconfig(args[1:], getenv, stdout, stderr)
+		case "state-dir":
+			return runStateDir(args[1:], getenv, stdout, stderr)
 		}
 	}
 	var o options
