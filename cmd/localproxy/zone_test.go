@@ -1,9 +1,6 @@
 package main_test
 
 import (
-	"bytes"
-	"io"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,42 +9,6 @@ import (
 	main "github.com/apifailover/apifailover/cmd/localproxy"
 	"github.com/apifailover/apifailover/localproxy"
 )
-
-// Zones: --zone, zones in --endpoints and --node-name are refused with
-// the flag or variable, the value and what is allowed.
-func TestZoneBadValues(t *testing.T) {
-	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
-	const rule = "want " + localproxy.ZoneRule
-	tests := []struct {
-		name string
-		args []string
-		env  []string
-		want []string // the lines expected, without the "localproxy: " prefix
-	}{
-		{"zone", append(ok, "--zone=-a"), nil, []string{`invalid --zone="-a": the zone "-a" is not a label value; ` + rule}},
-		{"zone too long", append(ok, "--zone="+strings.Repeat("z", 64)), nil, []string{`invalid --zone="` + strings.Repeat("z", 64) + `": the zone "` + strings.Repeat("z", 64) + `" has 64 characters; ` + rule}},
-		{"zone from env", ok, []string{"LOCALPROXY_ZONE", "eu west"}, []string{`invalid LOCALPROXY_ZONE="eu west" (--zone): the zone "eu west" is not a label value; ` + rule}},
-		{"endpoint zone empty", []string{"--endpoints=10.0.0.1:6443@", "--probe=tcp"}, nil, []string{`invalid --endpoints="10.0.0.1:6443@": zone is empty; ` + rule + ` (host:port@zone)`}},
-		{"endpoint zone bad", []string{"--endpoints=10.0.0.1:6443@a,[::1]:6443@a/b", "--probe=tcp"}, nil, []string{`invalid --endpoints="[::1]:6443@a/b": zone "a/b" is not a label value; ` + rule + ` (host:port@zone)`}},
-		{"endpoint zone from env", []string{"--probe=tcp"}, []string{"LOCALPROXY_ENDPOINTS", "10.0.0.1:6443@-"}, []string{`invalid LOCALPROXY_ENDPOINTS="10.0.0.1:6443@-" (--endpoints): zone "-" is not a label value; ` + rule + ` (host:port@zone)`}},
-		{"endpoint address before a zone", []string{"--endpoints=10.0.0.1@zone-a", "--probe=tcp"}, nil, []string{`invalid --endpoints="10.0.0.1@zone-a": missing port in address; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535, optionally followed by @zone`}},
-		{"node name", append(ok, "--node-name=Node_1"), nil, []string{`invalid --node-name="Node_1": want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
-		{"node name from NODE_NAME", ok, []string{"NODE_NAME", "-n1"}, []string{`invalid NODE_NAME="-n1" (--node-name): want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var stderr bytes.Buffer
-			code := main.Run(t.Context(), tc.args, env(tc.env...), io.Discard, &stderr)
-			assert.Equal(t, main.ExitUsage, code, "stderr: %s", stderr.String())
-			var want []string
-			for _, w := range tc.want {
-				want = append(want, "localproxy: "+w)
-			}
-			want = append(want, "Run 'localproxy --help' for the flags.")
-			assert.Equal(t, want, strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n"))
-		})
-	}
-}
 
 // The zone selection: --zone, else the label of --node-name's (or
 // NODE_NAME's) Node, read with the discovery client or the same
