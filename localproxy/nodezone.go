@@ -82,12 +82,12 @@ func (l *zoneLearner) run(ctx context.Context) {
 // readOnce reads the Node once and applies its zone label if it has one;
 // it reports whether it did.
 func (l *zoneLearner) readOnce(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// ResourceVersion "0": the API server's cache answers, not etcd.
-	n, err := l.get(ctx, l.node, metav1.GetOptions{ResourceVersion: "0"})
+	n, err := l.get(readCtx, l.node, metav1.GetOptions{ResourceVersion: "0"})
 	if ctx.Err() != nil && err != nil {
-		return false
+		return false // stopping; a read that timed out is a problem, below
 	}
 	var problem string
 	zone, labeled := "", false
