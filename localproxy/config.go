@@ -75,13 +75,15 @@ func ParseProxyProtocol(s string) (ProxyProtocol, error) {
 
 // Config configures a Proxy. Only Endpoints is required.
 type Config struct {
-	// Endpoints are the static API server endpoints (host:port), always in
-	// the pool. At least one is required.
+	// Endpoints are the static API server endpoints, always in the pool:
+	// host:port, optionally followed by @zone, the server's topology zone
+	// (see ParseEndpoint). At least one is required. A zone given here is
+	// kept when discovery, which knows none, reports the same address.
 	Endpoints []string
 	// Origin is the API server name clients use (the name in its
 	// certificate, as set with tls-server-name in their kubeconfig). It
 	// identifies the state file and is shown by /status. If empty, the
-	// first endpoint.
+	// first endpoint's address.
 	Origin string
 
 	// ListenAddresses are the host:port addresses to accept clients on,
@@ -126,6 +128,27 @@ type Config struct {
 	// does and follows the same failover. If nil, only static and state
 	// file endpoints are used.
 	Discovery *rest.Config
+	// NodeName, if set, is the name of the Node this proxy runs on: when
+	// Pool.Zone is empty, Run reads the Node's topology.kubernetes.io/zone
+	// label through NodeClient and makes it the pool's zone
+	// (upstream.Pool.SetZone), so that API servers in the node's zone are
+	// preferred after local ones. The proxy serves meanwhile, without a
+	// zone; the Node is read at start, again with a backoff (1s doubling
+	// up to NodeZoneInterval) while it cannot be read or has no label,
+	// and every NodeZoneInterval once it had one, following a change or
+	// removal of the label. Why no zone was learned (no RBAC to get nodes,
+	// no label) is logged and shown by /status. Ignored when Pool.Zone is
+	// set.
+	NodeName string
+	// NodeClient is the client configuration for reading the Node (RBAC:
+	// get nodes). Its Host should be this proxy, as Discovery's (see
+	// DiscoveryConfig), so the Node is read through the proxy's own
+	// upstreams. If nil, Discovery; NodeName needs one of them.
+	NodeClient *rest.Config
+	// NodeZoneInterval is how often the Node is read again once its zone
+	// label was read. If zero, DefaultNodeZoneInterval (10m). If negative,
+	// the Node is read only until its label was read once.
+	NodeZoneInterval time.Duration
 	// DiscoveryPollInterval is how often the Endpoints fallback is polled.
 	// If zero, DefaultDiscoveryPoll (10s).
 	DiscoveryPollInterval time.Duration
@@ -226,6 +249,8 @@ type Config struct {
 	// V(4). The zero value discards.
 	Logger logr.Logger
 
+	// specs are Endpoints parsed by setDefaults.
+	specs []upstream.Spec
 	// prober is the Prober built from Probe by setDefaults, nil if none.
 	prober *endpoint.Prober
 	// health holds limits of the health server that tests shorten.
@@ -236,18 +261,36 @@ func (c *Config) setDefaults() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("localproxy: no endpoints configured")
 	}
+	c.specs = make([]upstream.Spec, len(c.Endpoints))
 	for i, e := range c.Endpoints {
-		addr, err := upstream.ParseAddr(e)
+		spec, err := ParseEndpoint(e)
 		if err != nil {
 			return fmt.Errorf("localproxy: Endpoints: %w", err)
 		}
-		c.Endpoints[i] = addr
+		c.specs[i], c.Endpoints[i] = spec, FormatEndpoint(spec)
 	}
 	if c.Discovery != nil && c.Discovery.Insecure {
 		return ErrInsecureDiscovery
 	}
+	if c.Pool.Zone != "" {
+		if err := CheckZone(c.Pool.Zone); err != nil {
+			return fmt.Errorf("localproxy: Pool.Zone: zone %w", err)
+		}
+	}
+	if c.NodeName != "" && c.Pool.Zone == "" {
+		if c.NodeClient == nil {
+			c.NodeClient = c.Discovery
+		}
+		switch {
+		case c.NodeClient == nil:
+			return errors.New("localproxy: NodeName needs NodeClient or Discovery, the client configuration to read the Node with")
+		case c.NodeClient.Insecure:
+			return fmt.Errorf("localproxy: NodeClient: %w", ErrInsecureDiscovery)
+		}
+	}
+	c.NodeZoneInterval = endpoint.OrDefault(c.NodeZoneInterval, DefaultNodeZoneInterval)
 	if c.Origin == "" {
-		c.Origin = c.Endpoints[0]
+		c.Origin = c.specs[0].Addr
 	}
 	if len(c.ListenAddresses) == 0 {
 		c.ListenAddresses = []string{DefaultListenAddress}

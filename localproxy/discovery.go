@@ -36,17 +36,33 @@ var ErrInsecureDiscovery = errors.New("localproxy: the discovery configuration i
 	"set the cluster CA (certificate-authority in the kubeconfig, or TLSClientConfig.CAFile or CAData)")
 
 // newDiscovery returns the shared endpoint.Discoverer for the pool, with a
-// client for cfg (which goes through this proxy). Once discovery finds
-// endpoints, the state file's endpoints are dropped: discovery knows better.
-// It refuses an Insecure cfg.
+// client for cfg (which goes through this proxy). It refuses an Insecure
+// cfg.
 func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log logr.Logger) (*endpoint.Discoverer, error) {
+	cs, err := newClient(cfg, "discovery")
+	if err != nil {
+		return nil, err
+	}
+	return newDiscoveryWith(cs, pool, poll, log), nil
+}
+
+// newClient returns a client for cfg, which goes through this proxy, for
+// what (discovery, the node's zone). It refuses an Insecure cfg.
+func newClient(cfg *rest.Config, what string) (kubernetes.Interface, error) {
 	if cfg.Insecure {
 		return nil, ErrInsecureDiscovery
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("localproxy: discovery client: %w", err)
+		return nil, fmt.Errorf("localproxy: %s client: %w", what, err)
 	}
+	return cs, nil
+}
+
+// newDiscoveryWith returns the Discoverer with client cs. Once discovery
+// finds endpoints, the state file's endpoints are dropped: discovery
+// knows better.
+func newDiscoveryWith(cs kubernetes.Interface, pool *upstream.Pool, poll time.Duration, log logr.Logger) *endpoint.Discoverer {
 	return endpoint.NewDiscoverer(cs, pool, endpoint.DiscovererOptions{
 		PollInterval: poll,
 		Logger:       log,
@@ -55,5 +71,5 @@ func newDiscovery(cfg *rest.Config, pool *upstream.Pool, poll time.Duration, log
 				pool.Set(upstream.SourceStateFile, nil)
 			}
 		},
-	}), nil
+	})
 }

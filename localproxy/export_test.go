@@ -1,8 +1,13 @@
 package localproxy
 
 import (
+	"context"
 	"net"
 	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // CopyEnds are the two connections pipe copies between for one client.
@@ -37,3 +42,18 @@ func SetHealthReadHeaderTimeout(c *Config, d time.Duration) { c.health.readHeade
 
 // CAFingerprints is caFingerprints, for tests.
 var CAFingerprints = caFingerprints
+
+// ZoneLearner is the reader of the Node's zone label, for tests.
+type ZoneLearner struct{ l *zoneLearner }
+
+// NewZoneLearner returns the learner of node's zone with get, calling
+// apply with each zone learned.
+func NewZoneLearner(get func(context.Context, string, metav1.GetOptions) (*corev1.Node, error), node string, interval time.Duration, apply func(string), log logr.Logger) *ZoneLearner {
+	return &ZoneLearner{newZoneLearner(get, node, interval, apply, log)}
+}
+
+// Run reads the Node until ctx is done.
+func (z *ZoneLearner) Run(ctx context.Context) { z.l.run(ctx) }
+
+// Problem is why the last read learned no zone.
+func (z *ZoneLearner) Problem() string { return z.l.status() }

@@ -24,6 +24,18 @@ type Status struct {
 	// ShuttingDown: the listeners are closed and connections drain.
 	ShuttingDown bool     `json:"shuttingDown"`
 	Listeners    []string `json:"listeners"`
+	// Zone is the proxy's own topology zone: API servers in it are
+	// preferred after local ones. Empty: none.
+	Zone string `json:"zone,omitempty"`
+	// ZoneSource says where Zone came from: config, node (the Node's
+	// topology.kubernetes.io/zone label) or none.
+	ZoneSource string `json:"zoneSource"`
+	// Node is the Node whose label the zone is learned from, if any
+	// (Config.NodeName).
+	Node string `json:"node,omitempty"`
+	// ZoneProblem says why the Node's last read learned no zone: it
+	// could not be read (RBAC, not found, no API server) or has no label.
+	ZoneProblem string `json:"zoneProblem,omitempty"`
 	// ActiveConnections is the number of open client connections.
 	ActiveConnections int64 `json:"activeConnections"`
 	// Upstreams lists every endpoint in candidate order (best first).
@@ -61,6 +73,15 @@ func (p *Proxy) Status() Status {
 		ShuttingDown:      p.stopping.Load(),
 		ActiveConnections: p.active.Load(),
 	}
+	s.Zone = p.pool.Zone()
+	switch {
+	case p.cfg.Pool.Zone != "":
+		s.ZoneSource = ZoneFromConfig
+	case p.zone != nil:
+		s.Node, s.ZoneSource, s.ZoneProblem = p.cfg.NodeName, zoneSource(s.Zone, ZoneFromNode), p.zone.status()
+	default:
+		s.ZoneSource = ZoneFromNone
+	}
 	inPool := make(map[string]bool)
 	for _, u := range p.pool.Status() {
 		inPool[u.Addr] = true
@@ -90,7 +111,7 @@ func (p *Proxy) live(startedAt time.Time) error {
 	if p.cfg.Pool.Prober == nil || p.cfg.LivenessThreshold < 0 {
 		return nil
 	}
-	pc := p.pool.Config()
+	pc := p.probeSchedule
 	stale := 3*pc.Interval + pc.Timeout
 	if p.cfg.LivenessThreshold > 0 {
 		stale = p.cfg.LivenessThreshold

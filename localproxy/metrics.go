@@ -27,7 +27,9 @@ type metrics struct {
 	// connections.
 	healthActive   prometheus.Gauge
 	healthRejected prometheus.Counter
-	endpoints      *endpoint.EndpointSeries // of dials and dialDuration
+	// zone has one series: the proxy's own zone and where it came from.
+	zone      *prometheus.GaugeVec
+	endpoints *endpoint.EndpointSeries // of dials and dialDuration
 }
 
 // newMetrics registers the proxy's collectors and the pool's endpoint
@@ -88,8 +90,12 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 			Namespace: ns, Subsystem: sub, Name: "health_connections_rejected_total",
 			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open.", HealthMaxConnections),
 		}),
+		zone: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "zone_info",
+			Help: "Always 1: the proxy's own topology zone (empty: none; API servers in it are preferred after local ones) and where it came from: config (--zone), node (the Node's topology.kubernetes.io/zone label, --node-name) or none.",
+		}, []string{"zone", "source"}),
 	}
-	for _, c := range []prometheus.Collector{m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.failback, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.zone, m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.failback, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -114,4 +120,10 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 func (m *metrics) failedBack(addr string) {
 	m.failback.WithLabelValues(addr).Inc()
 	m.endpoints.Observed(addr)
+}
+
+// setZone makes zone, from source, the one series of zone_info.
+func (m *metrics) setZone(zone, source string) {
+	m.zone.Reset()
+	m.zone.WithLabelValues(zone, source).Set(1)
 }

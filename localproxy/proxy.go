@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/apifailover/apifailover/transport/endpoint"
 	"github.com/apifailover/apifailover/transport/upstream"
@@ -18,10 +19,14 @@ import (
 // Proxy is the node-local L4 proxy. Create it with New and start it with
 // Run.
 type Proxy struct {
-	cfg    Config
-	log    logr.Logger
-	pool   *upstream.Pool
-	dialer *endpoint.Dialer
+	cfg  Config
+	log  logr.Logger
+	pool *upstream.Pool
+	// probeSchedule is the pool's configuration with its defaults, for
+	// its Interval and Timeout: read once, as the pool's Config must not
+	// be read while SetZone may run.
+	probeSchedule upstream.Config
+	dialer        *endpoint.Dialer
 	// hold closes new clients at once, without dialing, for a moment after
 	// every endpoint refused.
 	hold endpoint.Holdoff
@@ -36,6 +41,9 @@ type Proxy struct {
 	// back moves connections back to a better endpoint once it settled;
 	// nil if fail-back is off.
 	back *failback[*conn]
+	// zone learns the pool's zone from the Node's label; nil without
+	// Config.NodeName, or with Config.Pool.Zone.
+	zone *zoneLearner
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -74,7 +82,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
-	p.pool = pool
+	p.pool, p.probeSchedule = pool, pool.Config()
 	// Failures seen on held probe connections (endpoint.ProbeHeld)
 	// between probes count at once.
 	if pr := p.Prober(); pr != nil {
@@ -88,11 +96,7 @@ func New(cfg Config) (*Proxy, error) {
 		Prober:        p.Prober(),
 	})
 	// setDefaults validated the endpoints, so Set cannot fail.
-	specs := make([]upstream.Spec, len(cfg.Endpoints))
-	for i, e := range cfg.Endpoints {
-		specs[i] = upstream.Spec{Addr: e}
-	}
-	if err := pool.Set(upstream.SourceStatic, specs); err != nil {
+	if err := pool.Set(upstream.SourceStatic, cfg.specs); err != nil {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
 	p.m, err = newMetrics(cfg.Registry, pool)
@@ -102,6 +106,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.FirstByteTimeout >= 0 {
 		p.fb = newFirstByteWatch(pool, endpoint.OrDefault(cfg.FirstByteTimeout, DefaultFirstByteTimeout), cfg.Logger)
 		p.fb.onSilent = p.m.silent.Inc
+	}
+	p.m.setZone(cfg.Pool.Zone, zoneSource(cfg.Pool.Zone, ZoneFromConfig))
+	if cfg.NodeName != "" && cfg.Pool.Zone == "" {
+		p.zone = newZoneLearner(nil, cfg.NodeName, cfg.NodeZoneInterval, p.setZone, cfg.Logger.WithName("zone"))
 	}
 	if cfg.failbackOn() {
 		p.back = newFailback(pool, p.upstreams, cfg.FailbackSettle, cfg.FailbackRate, p.m.failedBack, cfg.Logger.WithName("failback"))
@@ -183,12 +191,29 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if p.cfg.IdleTimeout > 0 && idleSupported {
 		bg.Go(func() { p.reapIdle(runCtx) })
 	}
+	var discoveryClient kubernetes.Interface
 	if p.cfg.Discovery != nil {
-		d, err := newDiscovery(p.cfg.Discovery, p.pool, p.cfg.DiscoveryPollInterval, p.log)
+		cs, err := newClient(p.cfg.Discovery, "discovery")
 		if err != nil {
 			p.log.Error(err, "discovery disabled")
 		} else {
+			discoveryClient = cs
+			d := newDiscoveryWith(cs, p.pool, p.cfg.DiscoveryPollInterval, p.log)
 			bg.Go(func() { d.Run(runCtx) })
+		}
+	}
+	if p.zone != nil {
+		// With the discovery client when it is the same configuration: one
+		// connection carries both.
+		cs, err := discoveryClient, error(nil)
+		if cs == nil || p.cfg.NodeClient != p.cfg.Discovery {
+			cs, err = newClient(p.cfg.NodeClient, "node zone")
+		}
+		if err != nil {
+			p.log.Error(err, "the node's zone is not learned")
+		} else {
+			p.zone.get = cs.CoreV1().Nodes().Get
+			bg.Go(func() { p.zone.run(runCtx) })
 		}
 	}
 
@@ -326,4 +351,18 @@ func addrStrings(lns []net.Listener) []string {
 		out[i] = ln.Addr().String()
 	}
 	return out
+}
+
+// setZone makes zone, learned from the Node's label, the pool's zone.
+func (p *Proxy) setZone(zone string) {
+	p.pool.SetZone(zone)
+	p.m.setZone(zone, zoneSource(zone, ZoneFromNode))
+}
+
+// zoneSource is from for a zone, ZoneFromNone for no zone.
+func zoneSource(zone, from string) string {
+	if zone == "" {
+		return ZoneFromNone
+	}
+	return from
 }

@@ -30,6 +30,10 @@ type StateFileData struct {
 	Updated        time.Time `json:"updated"`
 }
 
+// StateFileTempPrefix begins the names of the temporary files the state
+// file is written to, beside it, before they are renamed to it.
+const StateFileTempPrefix = ".localproxy-state-"
+
 // caFingerprints returns the "sha256:<hex>" fingerprints of the
 // certificates in a PEM bundle, sorted; other blocks are skipped.
 func caFingerprints(bundle []byte) []string {
@@ -159,7 +163,7 @@ func writeStateFile(path string, d StateFileData) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".localproxy-state-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), StateFileTempPrefix+"*")
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -46,6 +47,7 @@ func (o *options) config() (localproxy.Config, error) {
 	creds, credErr := b.credentials()
 	b.probeCredentials(cfg.Probe, creds)
 	cfg.Discovery = b.discovery(creds, credErr, l, cfg.Origin)
+	cfg.Pool.Zone, cfg.NodeName, cfg.NodeClient = b.zone(creds, cfg.Discovery, l, cfg.Origin)
 	cfg.StateFile, cfg.StateFileCA = b.stateFile(cfg.Probe)
 	b.connections(&cfg)
 	b.liveness(&cfg)
@@ -138,21 +140,25 @@ func (b *builder) intOK(name string, n int) bool {
 	return true
 }
 
-// endpoints returns the static endpoints of --endpoints, normalized.
+// endpoints returns the static endpoints of --endpoints, normalized:
+// host:port, or host:port@zone.
 func (b *builder) endpoints() []string {
 	var addrs []string
 	for _, e := range splitList(b.options.endpoints) {
-		addr, err := upstream.ParseAddr(e)
-		if err != nil {
-			var ae *upstream.AddrError
-			msg := err.Error()
-			if errors.As(err, &ae) {
-				msg = ae.Msg
-			}
-			b.reject("endpoints", e, msg+"; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535")
+		spec, err := localproxy.ParseEndpoint(e)
+		var ee *localproxy.EndpointError
+		switch {
+		case errors.As(err, &ee) && ee.Zone:
+			b.reject("endpoints", e, ee.Msg+" (host:port@zone)")
+			continue
+		case errors.As(err, &ee):
+			b.reject("endpoints", e, ee.Msg+"; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535, optionally followed by @zone")
+			continue
+		case err != nil:
+			b.reject("endpoints", e, err.Error())
 			continue
 		}
-		addrs = append(addrs, addr)
+		addrs = append(addrs, localproxy.FormatEndpoint(spec))
 	}
 	if len(splitList(b.options.endpoints)) == 0 {
 		b.reject("endpoints", b.options.endpoints, "at least one API server endpoint host:port is required")
@@ -390,6 +396,43 @@ func (b *builder) discovery(creds *rest.Config, credErr error, l listeners, serv
 		return localproxy.DiscoveryConfig(creds, proxyAddr, serverName)
 	}
 	return nil
+}
+
+// zone returns the pool's zone (--zone), and the Node to learn it from
+// when there is none (--node-name, or NODE_NAME) with the client to read
+// it: the discovery client if there is one, else one with the same
+// credentials, through this proxy.
+func (b *builder) zone(creds *rest.Config, discovery *rest.Config, l listeners, serverName string) (string, string, *rest.Config) {
+	zone := strings.TrimSpace(b.options.zone)
+	if zone != "" {
+		if err := localproxy.CheckZone(zone); err != nil {
+			b.reject("zone", b.options.zone, "the zone "+err.Error())
+			return "", "", nil
+		}
+	}
+	node := strings.TrimSpace(b.nodeName)
+	if node == "" {
+		return zone, "", nil
+	}
+	if msgs := content.IsDNS1123Subdomain(node); len(msgs) > 0 {
+		b.reject("node-name", b.nodeName, "want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'")
+		return zone, "", nil
+	}
+	switch {
+	case zone != "":
+		return zone, "", nil // --zone wins: the label is not read
+	case discovery != nil:
+		return "", node, discovery
+	case creds == nil:
+		b.warn("the zone is not learned from node %s (%s): there are no credentials to read it with; set --kubeconfig, or --zone", node, b.src("node-name"))
+	case creds.Insecure:
+		b.warn("the zone is not learned from node %s (%s): the cluster of %s sets insecure-skip-tls-verify, and the credentials would go to endpoints whose certificates are not verified; set --zone",
+			node, b.src("node-name"), b.input("kubeconfig", b.kubeconfig))
+	case len(l.binds) > 0 && l.bindOK:
+		proxyAddr := net.JoinHostPort(loopbackOf(l.binds).String(), strconv.Itoa(b.bindPort))
+		return "", node, localproxy.DiscoveryConfig(creds, proxyAddr, serverName)
+	}
+	return "", "", nil
 }
 
 // connections sets the limits of client and upstream connections:

@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,7 +100,7 @@ func TestDaemonSetManifest(t *testing.T) {
 	ds := docs["DaemonSet"].(*appsv1.DaemonSet)
 
 	assert.Equal(t, "kube-system", sa.Namespace)
-	var slices, endpoints bool
+	var slices, endpoints, nodes bool
 	for _, r := range role.Rules {
 		if r.APIGroups[0] == "discovery.k8s.io" && r.Resources[0] == "endpointslices" {
 			slices = assert.ElementsMatch(t, []string{"list", "watch"}, r.Verbs)
@@ -107,9 +108,13 @@ func TestDaemonSetManifest(t *testing.T) {
 		if r.APIGroups[0] == "" && r.Resources[0] == "endpoints" {
 			endpoints = assert.Equal(t, []string{"get"}, r.Verbs)
 		}
+		if r.APIGroups[0] == "" && r.Resources[0] == "nodes" {
+			nodes = assert.Equal(t, []string{"get"}, r.Verbs, "the zone label is read, not watched")
+		}
 	}
 	assert.True(t, slices, "endpointslices list/watch")
 	assert.True(t, endpoints, "endpoints get")
+	assert.True(t, nodes, "nodes get")
 	assert.Equal(t, role.Name, binding.RoleRef.Name)
 	require.Len(t, binding.Subjects, 1)
 	assert.Equal(t, sa.Name, binding.Subjects[0].Name)
@@ -120,6 +125,7 @@ func TestDaemonSetManifest(t *testing.T) {
 	assert.Equal(t, ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
 	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, spec.DNSPolicy)
 	c := checkPodSpec(t, spec)
+	sc := c.SecurityContext
 	assert.Contains(t, c.Args, "--enable-discovery=true")
 
 	// An upgrade starts the new pod beside the old one and stops the old
@@ -152,10 +158,61 @@ func TestDaemonSetManifest(t *testing.T) {
 	envs := map[string]string{}
 	for _, e := range c.Env {
 		envs[e.Name] = e.Value
+		if e.Name == "NODE_NAME" {
+			// The node's name, from the downward API.
+			require.NotNil(t, e.ValueFrom)
+			require.NotNil(t, e.ValueFrom.FieldRef)
+			assert.Equal(t, "spec.nodeName", e.ValueFrom.FieldRef.FieldPath)
+			envs[e.Name] = "node-1"
+		}
 	}
+	assert.Contains(t, envs, "NODE_NAME")
+	assert.NotContains(t, envs, "LOCALPROXY_ZONE", "no zone by default: the node's label")
 	cfg, err := main.ParseConfig(c.Args, func(k string) string { return envs[k] })
 	require.NoError(t, err)
 	assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
+	assert.Equal(t, "node-1", cfg.NodeName)
+	assert.Same(t, cfg.Discovery, cfg.NodeClient)
+
+	// The state file is on the node, in a directory the init container
+	// gives to the proxy's user; one value drives the flag, the init
+	// container and the mount.
+	stateFile := ""
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--state-file="); ok {
+			stateFile = v
+		}
+	}
+	assert.Equal(t, "/var/lib/localproxy/state.json", stateFile)
+	stateDir := filepath.Dir(stateFile)
+	require.Len(t, spec.Volumes, 1)
+	vol := spec.Volumes[0]
+	require.NotNil(t, vol.HostPath, "the state file outlives the pod")
+	assert.Equal(t, stateDir, vol.HostPath.Path)
+	require.NotNil(t, vol.HostPath.Type)
+	assert.Equal(t, corev1.HostPathDirectoryOrCreate, *vol.HostPath.Type)
+	assert.Equal(t, []corev1.VolumeMount{{Name: vol.Name, MountPath: stateDir}}, c.VolumeMounts)
+	require.Len(t, spec.InitContainers, 1)
+	ic := spec.InitContainers[0]
+	assert.Equal(t, c.Image, ic.Image)
+	assert.Equal(t, []string{"state-dir", "--state-file=" + stateFile, "--owner=65534:65534"}, ic.Args)
+	assert.Equal(t, c.VolumeMounts, ic.VolumeMounts)
+	// Root for the chown, and nothing more.
+	isc := ic.SecurityContext
+	require.NotNil(t, isc)
+	require.NotNil(t, isc.RunAsUser)
+	assert.Equal(t, int64(0), *isc.RunAsUser)
+	require.NotNil(t, isc.RunAsNonRoot)
+	assert.False(t, *isc.RunAsNonRoot)
+	require.NotNil(t, isc.AllowPrivilegeEscalation)
+	assert.False(t, *isc.AllowPrivilegeEscalation)
+	require.NotNil(t, isc.ReadOnlyRootFilesystem)
+	assert.True(t, *isc.ReadOnlyRootFilesystem)
+	require.NotNil(t, isc.Capabilities)
+	assert.Equal(t, []corev1.Capability{"ALL"}, isc.Capabilities.Drop)
+	assert.Equal(t, []corev1.Capability{"CHOWN"}, isc.Capabilities.Add)
+	// The owner is the proxy's user.
+	assert.Equal(t, fmt.Sprintf("--owner=%d:%d", *sc.RunAsUser, *spec.SecurityContext.RunAsGroup), ic.Args[2])
 }
 
 func TestStaticPodManifest(t *testing.T) {

@@ -13,6 +13,7 @@ var Run = run
 const (
 	ExitOK    = exitOK
 	ExitUsage = exitUsage
+	ExitError = exitError
 )
 
 // ParseConfig parses and validates args and the environment into the

@@ -21,6 +21,8 @@ const envPrefix = "LOCALPROXY_"
 // options are the raw flag values.
 type options struct {
 	endpoints           string
+	zone                string
+	nodeName            string
 	bindAddress         string
 	bindPort            int
 	healthBindAddress   string
@@ -76,6 +78,10 @@ func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
+// envAliases are further environment variables of flags, read when
+// neither the flag nor its LOCALPROXY_ variable is set.
+var envAliases = map[string]string{"node-name": "NODE_NAME"}
+
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
@@ -83,7 +89,9 @@ func envName(flagName string) string {
 func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("localproxy", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name); required")
+	fs.StringVar(&o.endpoints, "endpoints", "", "comma-separated API server endpoints host:port (IPv4, [IPv6] or DNS name), each optionally followed by @zone, its topology zone (e.g. 10.0.0.1:6443@zone-a); required")
+	fs.StringVar(&o.zone, "zone", "", "this node's topology zone: API servers in it (by their @zone in --endpoints, or discovered with one) are preferred after local ones (default: the topology.kubernetes.io/zone label of --node-name's Node, else none)")
+	fs.StringVar(&o.nodeName, "node-name", "", "the Node this proxy runs on (also read from NODE_NAME, as the DaemonSet sets it): without --zone, its topology.kubernetes.io/zone label becomes the zone, read through this proxy with the credentials of --kubeconfig or the service account (RBAC: get nodes) at start and every 10m; the proxy serves meanwhile")
 	fs.StringVar(&o.bindAddress, "bind-address", "127.0.0.1", "comma-separated IP addresses (or host names, resolved at start) to accept clients on, e.g. 127.0.0.1,::1")
 	fs.IntVar(&o.bindPort, "bind-port", 7445, "port to accept clients on")
 	fs.StringVar(&o.healthBindAddress, "health-bind-address", "", "IP address or host name of the health, metrics and status server (default: the first --bind-address)")
@@ -120,10 +128,12 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n"+
-			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n\n"+
+			"       localproxy kubeconfig --kubeconfig=FILE [--context=NAME] [--out=FILE | --in-place]\n"+
+			"       localproxy state-dir --state-file=FILE [--owner=UID:GID]\n\n"+
 			"A node-local TCP proxy on 127.0.0.1:7445 failing over across Kubernetes API servers.\n"+
 			"'localproxy status' prints a running proxy's endpoints and their health; 'localproxy kubeconfig'\n"+
-			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its --help).\n"+
+			"rewrites a kubeconfig (kubelet's, kube-proxy's, an admin's) to go through the proxy (see its --help);\n"+
+			"'localproxy state-dir', run as root, makes the state file's directory the proxy user's.\n"+
 			"Every flag can also be set with the environment variable %s<FLAG_NAME> (e.g. %s); the flag wins.\n\nFlags:\n", envPrefix, envName("bind-port"))
 		fs.PrintDefaults()
 	}
@@ -169,7 +179,7 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	}
 	if fs.NArg() > 0 {
 		if fs.Name() == "localproxy" {
-			return usagef("unexpected argument %q (flags only; the subcommands, status and kubeconfig, are given first)", fs.Arg(0))
+			return usagef("unexpected argument %q (flags only; the subcommands, status, kubeconfig and state-dir, are given first)", fs.Arg(0))
 		}
 		return usagef("unexpected argument %q; %s takes flags only (see '%s --help')", fs.Arg(0), fs.Name(), fs.Name())
 	}
@@ -196,6 +206,18 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 		}
 		o.from[f.Name] = env
 	})
+	// Variables of other names that a flag reads last, e.g. NODE_NAME,
+	// which deployments set from the downward API.
+	for name, env := range envAliases {
+		_, set := o.from[name]
+		if v := getenv(env); fs.Lookup(name) != nil && !set && v != "" {
+			if err := fs.Set(name, v); err != nil {
+				errs = append(errs, usagef("invalid %s: %v", input(env, name, v), err))
+				continue
+			}
+			o.from[name] = env
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return runStatus(ctx, args[1:], getenv, stdout, stderr)
 		case "kubeconfig":
 			return runKubeconfig(args[1:], getenv, stdout, stderr)
+		case "state-dir":
+			return runStateDir(args[1:], getenv, stdout, stderr)
 		}
 	}
 	var o options
@@ -120,7 +122,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision, "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
-		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil)
+		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil,
+		"zone", cfg.Pool.Zone, "zoneFromNode", cfg.NodeName)
 	if e := o.exporter; e != nil {
 		e.pool, e.log = p.Pool(), log.WithName("export")
 		ctx, cancel := context.WithCancel(ctx)

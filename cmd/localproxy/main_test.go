@@ -218,6 +218,7 @@ func TestBadValues(t *testing.T) {
 		port     = "; want a port number 1-65535"
 		atLeast1 = "; want a whole number, at least 1"
 		boolean  = "not a boolean; want true or false"
+		rule     = "want " + localproxy.ZoneRule
 	)
 	tests := []struct {
 		name string
@@ -254,6 +255,16 @@ func TestBadValues(t *testing.T) {
 		{"out of range from env", ok, []string{"LOCALPROXY_BIND_PORT", "0"}, []string{"invalid LOCALPROXY_BIND_PORT=0 (--bind-port): want a port number 1-65535"}},
 		{"enum", append(ok, "--log-format=xml"), nil, []string{`invalid --log-format="xml": want text or json`}},
 		{"enum from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{`invalid LOCALPROXY_PROBE="ping" (--probe): want readyz, held, tls or tcp`}},
+		// Zones: --zone, zones in --endpoints, --node-name.
+		{"zone", append(ok, "--zone=-a"), nil, []string{`invalid --zone="-a": the zone "-a" is not a label value; ` + rule}},
+		{"zone too long", append(ok, "--zone="+strings.Repeat("z", 64)), nil, []string{`invalid --zone="` + strings.Repeat("z", 64) + `": the zone "` + strings.Repeat("z", 64) + `" has 64 characters; ` + rule}},
+		{"zone from env", ok, []string{"LOCALPROXY_ZONE", "eu west"}, []string{`invalid LOCALPROXY_ZONE="eu west" (--zone): the zone "eu west" is not a label value; ` + rule}},
+		{"endpoint zone empty", []string{"--endpoints=10.0.0.1:6443@", "--probe=tcp"}, nil, []string{`invalid --endpoints="10.0.0.1:6443@": zone is empty; ` + rule + ` (host:port@zone)`}},
+		{"endpoint zone bad", []string{"--endpoints=10.0.0.1:6443@a,[::1]:6443@a/b", "--probe=tcp"}, nil, []string{`invalid --endpoints="[::1]:6443@a/b": zone "a/b" is not a label value; ` + rule + ` (host:port@zone)`}},
+		{"endpoint zone from env", []string{"--probe=tcp"}, []string{"LOCALPROXY_ENDPOINTS", "10.0.0.1:6443@-"}, []string{`invalid LOCALPROXY_ENDPOINTS="10.0.0.1:6443@-" (--endpoints): zone "-" is not a label value; ` + rule + ` (host:port@zone)`}},
+		{"endpoint address before a zone", []string{"--endpoints=10.0.0.1@zone-a", "--probe=tcp"}, nil, []string{`invalid --endpoints="10.0.0.1@zone-a": missing port in address; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535, optionally followed by @zone`}},
+		{"node name", append(ok, "--node-name=Node_1"), nil, []string{`invalid --node-name="Node_1": want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
+		{"node name from NODE_NAME", ok, []string{"NODE_NAME", "-n1"}, []string{`invalid NODE_NAME="-n1" (--node-name): want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

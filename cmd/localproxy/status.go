@@ -14,6 +14,7 @@ import (
 	"time"
 
 	flag "github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/apifailover/apifailover/localproxy"
 )
@@ -90,9 +91,10 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 	if st.ShuttingDown {
 		ready += " (shutting down)"
 	}
-	fmt.Fprintf(w, "origin: %s   ready: %s   connections: %d   listening: %s\n\n", st.Origin, ready, st.ActiveConnections, strings.Join(st.Listeners, ", "))
+	fmt.Fprintf(w, "origin: %s   ready: %s   connections: %d   listening: %s\n", st.Origin, ready, st.ActiveConnections, strings.Join(st.Listeners, ", "))
+	fmt.Fprintf(w, "zone: %s\n\n", zoneLine(st))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tSOURCES\tLOCAL\tRTT\tCONNS\tSINCE\tLAST ERROR")
+	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tSOURCES\tLOCALITY\tZONE\tRTT\tCONNS\tSINCE\tLAST ERROR")
 	for _, u := range st.Upstreams {
 		state := u.State
 		switch {
@@ -105,11 +107,15 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 		case u.Slow:
 			state += " (slow)"
 		}
-		local := "-"
-		if u.Local {
-			local = "local"
-		} else if u.Zone != "" {
-			local = u.Zone
+		locality, zone := "-", "-"
+		switch {
+		case u.Local:
+			locality = "local"
+		case st.Zone != "" && u.Zone == st.Zone:
+			locality = "same-zone"
+		}
+		if u.Zone != "" {
+			zone = u.Zone
 		}
 		rtt := "-"
 		if u.RTT > 0 {
@@ -123,15 +129,31 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 		if lastErr == "" {
 			lastErr = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", u.Addr, state, u.Sources, local, rtt, u.Conns, since, lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", u.Addr, state, u.Sources, locality, zone, rtt, u.Conns, since, lastErr)
 	}
 	for _, u := range st.Removed {
 		closing := "closing now"
 		if !u.CloseBy.IsZero() {
 			closing = "closed in " + max(u.CloseBy.Sub(now), 0).Round(time.Second).String() + " at the latest"
 		}
-		fmt.Fprintf(tw, "%s\tremoved (draining)\t-\t-\t-\t%d\t-\t%s\n", u.Addr, u.Conns, closing)
+		fmt.Fprintf(tw, "%s\tremoved (draining)\t-\t-\t-\t-\t%d\t-\t%s\n", u.Addr, u.Conns, closing)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\n* preferred: new connections go there first")
+}
+
+// zoneLine says the proxy's zone and where it came from, or why there is
+// none.
+func zoneLine(st localproxy.Status) string {
+	switch {
+	case st.ZoneSource == localproxy.ZoneFromConfig:
+		return st.Zone + " (--zone)"
+	case st.Zone != "":
+		return fmt.Sprintf("%s (label %s of node %s)", st.Zone, corev1.LabelTopologyZone, st.Node)
+	case st.Node != "" && st.ZoneProblem != "":
+		return "none (" + st.ZoneProblem + ")"
+	case st.Node != "":
+		return "none yet (reading node " + st.Node + ")"
+	}
+	return "none"
 }

@@ -21,8 +21,9 @@ import (
 // TestLocalProxy runs real clients and the real deployment files against
 // localproxy on one test bed: kubectl through the in-process proxy under
 // faults, the manifests through the apiserver's dry run, the
-// cmd/localproxy binary started by hand, and a user's kubeconfig
-// rewritten by "localproxy kubeconfig", and a real HAProxy's backends kept
+// cmd/localproxy binary started by hand (also learning its zone from its
+// Node), and a user's kubeconfig rewritten by "localproxy kubeconfig", and
+// a real HAProxy's backends kept
 // equal to the healthy apiservers by the export.
 func TestLocalProxy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -30,6 +31,7 @@ func TestLocalProxy(t *testing.T) {
 	bed := startBed(t, ctx)
 	t.Run("kubectl-under-faults", func(t *testing.T) { testKubectlUnderFaults(t, ctx, bed) })
 	t.Run("deploy-dry-run", func(t *testing.T) { testDeployDryRun(t, ctx, bed) })
+	t.Run("zone", func(t *testing.T) { testZone(t, ctx, bed) })
 	t.Run("binary", func(t *testing.T) { testBinary(t, ctx, bed) })
 	t.Run("kubeconfig", func(t *testing.T) { testKubeconfigSubcommand(t, ctx, bed) })
 	t.Run("export", func(t *testing.T) { testExport(t, ctx, bed) })

@@ -47,7 +47,7 @@ const (
 	// kube-system/apifailover-localproxy (a static token for its user name
 	// system:serviceaccount:kube-system:apifailover-localproxy), bound to
 	// ClusterRole apifailover-localproxy: get/list/watch endpointslices,
-	// get endpoints.
+	// get endpoints, get nodes.
 	LocalProxyIdentity Identity = "localproxy"
 )
 

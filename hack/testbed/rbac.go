@@ -13,7 +13,8 @@ import (
 )
 
 // localProxyRBAC is what cmd/localproxy needs: watch the kubernetes
-// EndpointSlice, and get core endpoints as the fallback.
+// EndpointSlice, get core endpoints as the fallback, and get nodes for
+// the zone label of its own (as the chart's ClusterRole grants).
 func localProxyRBAC() (*corev1.ServiceAccount, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 	labels := map[string]string{"app.kubernetes.io/name": localProxyName}
 	sa := &corev1.ServiceAccount{
@@ -24,6 +25,7 @@ func localProxyRBAC() (*corev1.ServiceAccount, *rbacv1.ClusterRole, *rbacv1.Clus
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"endpoints"}, Verbs: []string{"get"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 		},
 	}
 	binding := &rbacv1.ClusterRoleBinding{

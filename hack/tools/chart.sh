@@ -34,7 +34,11 @@ render() {
 # LOCALPROXY_TLS_SERVER_NAME to a name in their certificates
 # (kubernetes.default.svc works for kubeadm clusters). Then point
 # kubeconfigs at https://127.0.0.1:7445 with tls-server-name set to the
-# same name (localproxy kubeconfig does it).
+# same name (localproxy kubeconfig does it). API servers in the node's
+# topology zone (its topology.kubernetes.io/zone label, or
+# LOCALPROXY_ZONE) are preferred after the node's own; give the endpoints
+# theirs as host:port@zone. The state file is kept on the node, in
+# /var/lib/localproxy.
 HEAD
   helm template apifailover-localproxy "$chart" --namespace kube-system | sed '/^# Source: /d'
 }
@@ -57,6 +61,24 @@ case "${1:-}" in
     fi
     if helm template x "$chart" --set endpoints=null >/dev/null 2>&1; then
       log "the chart rendered without endpoints; it must refuse that"; exit 1
+    fi
+    # A static zone and endpoint zones reach the proxy; the state file's
+    # path drives the flag, the init container and the mount.
+    out=$(helm template x "$chart" --set zone=zone-a --set 'endpoints={10.0.0.1:6443@zone-a,[fd00::1]:6443@zone-b}' --set stateFile.path=/var/lib/lp/s.json)
+    for want in 'value: "zone-a"' 'value: "10.0.0.1:6443@zone-a,[fd00::1]:6443@zone-b"' \
+        '- --state-file=/var/lib/lp/s.json' 'mountPath: /var/lib/lp' 'path: /var/lib/lp'; do
+      if ! grep -qF -- "$want" <<<"$out"; then
+        log "the chart rendered with a zone, endpoint zones and another state file lacks: $want"; exit 1
+      fi
+    done
+    if [ "$(grep -cF -- '/var/lib/lp' <<<"$out")" != 5 ]; then
+      log "the state file's path is not in the flag, the init container's flag, both mounts and the hostPath"; exit 1
+    fi
+    if helm template x "$chart" --set zone=-a >/dev/null 2>&1; then
+      log "the chart rendered zone=-a; it must refuse a zone that is no label value"; exit 1
+    fi
+    if helm template x "$chart" --set stateFile.path=/state.json >/dev/null 2>&1; then
+      log "the chart rendered stateFile.path=/state.json; it must refuse a state file outside a directory of its own"; exit 1
     fi
     log "ok"
     ;;

@@ -3,7 +3,6 @@ package endpoint
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -95,7 +94,7 @@ func NewDiscoverer(client kubernetes.Interface, pool *upstream.Pool, opts Discov
 // backing off with jitter after errors); when listing them is forbidden it
 // polls the Endpoints object instead, for SliceRetryInterval at a time.
 func (d *Discoverer) Run(ctx context.Context) {
-	b := backoff{}
+	b := Backoff{Min: minBackoff, Max: maxBackoff}
 	fallback := false // whether the last list of slices was forbidden
 	for ctx.Err() == nil {
 		err := d.watchSlices(ctx, func() {
@@ -110,7 +109,7 @@ func (d *Discoverer) Run(ctx context.Context) {
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
 			d.log.V(1).Info("EndpointSlice watch expired; listing again", "err", err.Error())
 		case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
-			retry := jitter(d.opts.SliceRetryInterval)
+			retry := Jitter(d.opts.SliceRetryInterval)
 			if !fallback {
 				d.log.Info("cannot list EndpointSlices; polling the kubernetes Endpoints instead", "err", err.Error(), "retrySlicesIn", retry)
 			} else {
@@ -120,11 +119,11 @@ func (d *Discoverer) Run(ctx context.Context) {
 			d.pollEndpoints(ctx, retry)
 		case err != nil:
 			d.log.V(1).Info("EndpointSlice watch failed", "err", err.Error())
-			if !sleepCtx(ctx, b.next()) {
+			if !sleepCtx(ctx, b.Next()) {
 				return
 			}
 		default:
-			b.reset()
+			b.Reset()
 		}
 	}
 }
@@ -292,7 +291,7 @@ func (d *Discoverer) pollEndpoints(ctx context.Context, until time.Duration) {
 	defer t.Stop()
 	end := time.NewTimer(until)
 	defer end.Stop()
-	b := backoff{}
+	b := Backoff{Min: minBackoff, Max: maxBackoff}
 	for {
 		select {
 		case <-ctx.Done():
@@ -307,12 +306,12 @@ func (d *Discoverer) pollEndpoints(ctx context.Context, until time.Duration) {
 				return
 			}
 			d.log.V(1).Info("reading the kubernetes Endpoints failed", "err", err.Error())
-			t.Reset(max(b.next(), d.opts.PollInterval))
+			t.Reset(max(b.Next(), d.opts.PollInterval))
 			continue
 		}
-		b.reset()
+		b.Reset()
 		d.set(EndpointsToSpecs(ep), "Endpoints")
-		t.Reset(jitter(d.opts.PollInterval))
+		t.Reset(Jitter(d.opts.PollInterval))
 	}
 }
 
@@ -337,24 +336,6 @@ func EndpointsToSpecs(ep *corev1.Endpoints) []upstream.Spec {
 		}
 	}
 	return specs
-}
-
-// backoff doubles from minBackoff to maxBackoff, with ±20% jitter.
-type backoff struct{ cur time.Duration }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = minBackoff
-	} else {
-		b.cur = min(2*b.cur, maxBackoff)
-	}
-	return jitter(b.cur)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 // sleepCtx waits d or until ctx is done; it reports whether d elapsed.
