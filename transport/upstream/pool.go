@@ -253,7 +253,11 @@ func New(cfg Config) (*Pool, error) {
 }
 
 // Config returns the configuration with defaults applied.
-func (p *Pool) Config() Config { return p.cfg }
+func (p *Pool) Config() Config {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg
+}
 
 // Subscribe registers fn for every later event. Events are delivered in
 // order, outside the pool's lock, on the goroutine that caused them or on

@@ -8,9 +8,7 @@ package upstream
 // goroutine, when the first endpoint changes. An empty zone ignores zones
 // again.
 //
-// Config returns the zone set here too. The pool's own reads of the zone
-// are under its lock; Config reads the configuration without it, so a
-// caller must not call Config while another goroutine calls SetZone.
+// Config returns the zone set here too.
 func (p *Pool) SetZone(zone string) {
 	p.mu.Lock()
 	if p.cfg.Zone != zone {
