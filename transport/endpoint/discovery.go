@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -196,21 +197,37 @@ func (d *Discoverer) follow(ctx context.Context, w watch.Interface, slicesByName
 	}
 }
 
+// MaxDiscoveredEndpoints bounds the endpoints discovery gives the pool:
+// a control plane has a handful of API servers, and whoever may write
+// EndpointSlices in default can add a slice labelled for the kubernetes
+// Service with a thousand addresses, each of which the pool would probe.
+// Beyond it, the addresses of the slice the API servers write themselves
+// (named kubernetes) come first, then the other slices' by name.
+const MaxDiscoveredEndpoints = 64
+
 // apply sets the pool's discovered endpoints to the ready addresses of all
-// slices.
+// slices: the kubernetes slice's first (see MaxDiscoveredEndpoints).
 func (d *Discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
+	names := slices.Sorted(maps.Keys(slicesByName))
+	if i := slices.Index(names, "kubernetes"); i > 0 {
+		names = slices.Insert(slices.Delete(names, i, i+1), 0, "kubernetes")
+	}
 	var specs []upstream.Spec
-	for _, s := range slicesByName {
-		specs = append(specs, SlicesToSpecs(s)...)
+	for _, n := range names {
+		specs = append(specs, SlicesToSpecs(slicesByName[n])...)
 	}
 	d.set(specs, "EndpointSlices")
 }
 
 // set sets the pool's discovered endpoints to the valid ones of specs,
-// unless there are none: then the last good set stays.
+// each address once (the first with a zone gives it), at most
+// MaxDiscoveredEndpoints of them in the order given, unless there are
+// none: then the last good set stays.
 func (d *Discoverer) set(specs []upstream.Spec, from string) {
-	valid := make([]upstream.Spec, 0, len(specs))
+	valid := make([]upstream.Spec, 0, min(len(specs), MaxDiscoveredEndpoints))
+	seen := make(map[string]int, len(specs))
 	var invalid []error
+	dropped := 0
 	for _, s := range specs {
 		addr, err := upstream.ParseAddr(s.Addr)
 		if err != nil {
@@ -218,10 +235,24 @@ func (d *Discoverer) set(specs []upstream.Spec, from string) {
 			continue
 		}
 		s.Addr = addr
+		if i, ok := seen[addr]; ok {
+			if valid[i].Zone == "" {
+				valid[i].Zone = s.Zone
+			}
+			continue
+		}
+		if len(valid) == MaxDiscoveredEndpoints {
+			dropped++
+			continue
+		}
+		seen[addr] = len(valid)
 		valid = append(valid, s)
 	}
 	if len(invalid) > 0 {
 		d.log.Info("ignoring invalid discovered endpoints", "from", from, "err", errors.Join(invalid...).Error())
+	}
+	if dropped > 0 {
+		d.log.Info("too many discovered endpoints: the others are ignored", "from", from, "max", MaxDiscoveredEndpoints, "ignored", dropped)
 	}
 	if len(valid) == 0 {
 		if len(d.last) > 0 {

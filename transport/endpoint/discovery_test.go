@@ -5,6 +5,7 @@ package endpoint_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -209,5 +210,54 @@ func TestDiscoveryRetriesEndpointSlicesAfterForbidden(t *testing.T) {
 		require.NoError(t, err)
 		synctest.Wait()
 		assert.Equal(t, []string{"10.0.0.2:6443"}, discovered(pool))
+	})
+}
+
+// EndpointSlices of the kubernetes Service that nobody but their writer
+// vouches for (anyone who may write slices in default can label one):
+// FQDN and IPv6 slices, empty ones, not-ready and duplicate endpoints,
+// bad addresses, a slice without a usable port, and a thousand addresses.
+// The pool gets the valid ready addresses once each, at most
+// MaxDiscoveredEndpoints of them, and the real apiservers among them.
+func TestDiscoveryJunkSlices(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		real := kubeSlice("kubernetes", true, "10.0.0.1", "10.0.0.2", "10.0.0.3")
+		fqdn := kubeSlice("junk-fqdn", true, "api.example.invalid")
+		fqdn.AddressType = discoveryv1.AddressTypeFQDN
+		v6 := kubeSlice("junk-v6", true, "fd00::1", "fd00:0::1")
+		v6.AddressType = discoveryv1.AddressTypeIPv6
+		empty := kubeSlice("junk-empty", true)
+		notReady := kubeSlice("junk-not-ready", false, "10.0.9.9")
+		dup := kubeSlice("junk-dup", true, "10.0.0.1", "10.0.0.2", "10.0.0.1")
+		bad := kubeSlice("junk-bad", true, "999.1.1.1", "", "0.0.0.0", "-x-")
+		noPort := kubeSlice("junk-no-port", true, "10.0.8.8")
+		noPort.Ports = nil
+		var many []string
+		for i := range 1000 {
+			many = append(many, fmt.Sprintf("1.251.%d.%d", i/250, i%250+1)) // sorts before 10.0.0.x
+		}
+		lots := kubeSlice("junk-many", true, many...)
+		cs := fake.NewClientset(real, fqdn, v6, empty, notReady, dup, bad, noPort, lots)
+		pool := newDiscoveryPool(t)
+		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
+		synctest.Wait()
+
+		got := discovered(pool)
+		assert.Len(t, got, endpoint.MaxDiscoveredEndpoints, "discovered endpoints: %v", got)
+		for _, want := range []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"} {
+			assert.Contains(t, got, want, "a real apiserver lost among the junk")
+		}
+		assert.NotContains(t, got, "10.0.9.9:6443", "a not-ready endpoint")
+		assert.NotContains(t, got, "10.0.8.8:6443", "an endpoint of a slice without a port")
+		for _, a := range got {
+			_, err := upstream.ParseAddr(a)
+			assert.NoError(t, err)
+		}
+
+		// Without the thousand, every valid ready address, once.
+		require.NoError(t, cs.DiscoveryV1().EndpointSlices("default").Delete(t.Context(), "junk-many", metav1.DeleteOptions{}))
+		synctest.Wait()
+		assert.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "[fd00::1]:6443", "api.example.invalid:6443"}, discovered(pool))
+		assert.True(t, pool.Has(staticAddr))
 	})
 }
