@@ -1,66 +1,24 @@
 package plots_test
 
 import (
-	"encoding/xml"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/apifailover/apifailover/hack/plots"
 )
 
-// svgTexts checks that path is an SVG document (its root element is svg)
-// and returns the text of its text elements.
+// svgTexts checks that path is an SVG document and returns its texts.
 func svgTexts(t *testing.T, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
+	texts, err := plots.SVGTexts(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := xml.NewDecoder(f)
-	var texts []string
-	root, inText := "", false
-	for {
-		tok, err := dec.Token()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: not well-formed XML: %v", path, err)
-		}
-		switch tok := tok.(type) {
-		case xml.StartElement:
-			if root == "" {
-				root = tok.Name.Local
-			}
-			inText = tok.Name.Local == "text"
-		case xml.CharData:
-			if inText {
-				texts = append(texts, string(tok))
-			}
-		case xml.EndElement:
-			inText = false
-		}
-	}
-	if root != "svg" {
-		t.Fatalf("%s: root element %q, want svg", path, root)
 	}
 	return texts
 }
 
-func count(texts []string, s string) int {
-	n := 0
-	for _, t := range texts {
-		if strings.Contains(t, s) {
-			n++
-		}
-	}
-	return n
-}
+func count(texts []string, s string) int { return plots.CountTexts(texts, s) }
 
 func TestBin(t *testing.T) {
 	samples := []plots.Sample{{At: -0.5, OK: true}, {At: 0, OK: true}, {At: 0.99, OK: false}, {At: 1, OK: true}, {At: 2.5, OK: false}, {At: 3, OK: true}}

@@ -145,7 +145,7 @@ func (t *Timeline) Save(path string) error {
 		}
 	}
 	// Headroom for the legend and the marks' glyphs above the data.
-	top *= 1.45
+	top *= 1.75
 	kinds := map[string]color.Color{}
 	for _, b := range t.Bands {
 		if _, ok := kinds[b.Kind]; !ok {
