@@ -54,6 +54,9 @@ type Panel struct {
 	Start      float64
 	OK, Failed []float64
 	Marks      []Mark
+	// Bands are this panel's own, labelled in it: a fault that lasted
+	// longer for one path than for another.
+	Bands []Band
 }
 
 // MarkKind says what a Mark records; each kind has its colour and glyph.
@@ -147,7 +150,7 @@ func (t *Timeline) Save(path string) error {
 	// Headroom for the legend and the marks' glyphs above the data.
 	top *= 1.75
 	kinds := map[string]color.Color{}
-	for _, b := range t.Bands {
+	for _, b := range slices.Concat(t.Bands, t.panelBands()) {
 		if _, ok := kinds[b.Kind]; !ok {
 			kinds[b.Kind] = bandColors[len(kinds)%len(bandColors)]
 		}
@@ -161,11 +164,13 @@ func (t *Timeline) Save(path string) error {
 		p.X.Tick.Marker = stepTicks{}
 		p.Y.Min, p.Y.Max = 0, top
 		p.Y.Label.Text = "requests/s"
+		p.Y.Tick.Marker = rateTicks{}
 		if i == len(t.Panels)-1 {
 			p.X.Label.Text = t.XLabel
 		}
 		p.Add(plotter.NewGrid())
 		p.Add(&bands{bands: t.Bands, colors: kinds, labels: i == 0})
+		p.Add(&bands{bands: pn.Bands, colors: kinds, labels: true})
 		for _, s := range []struct {
 			name   string
 			counts []float64
@@ -217,11 +222,19 @@ func (t *Timeline) xRange() (from, to float64) {
 			see(m.At)
 		}
 	}
-	for _, b := range t.Bands {
+	for _, b := range slices.Concat(t.Bands, t.panelBands()) {
 		see(b.From)
 		see(b.To)
 	}
 	return from, to
+}
+
+func (t *Timeline) panelBands() []Band {
+	var bs []Band
+	for _, p := range t.Panels {
+		bs = append(bs, p.Bands...)
+	}
+	return bs
 }
 
 // rates turns counts per bin into a step line of rates per second: a
@@ -360,10 +373,29 @@ func (stepTicks) Ticks(lo, hi float64) []plot.Tick {
 	}
 	var ts []plot.Tick
 	for x := math.Ceil(lo/step) * step; x <= hi; x += step {
-		ts = append(ts, plot.Tick{Value: x, Label: strconv.FormatFloat(x, 'f', -1, 64)})
+		ts = append(ts, plot.Tick{Value: x, Label: strconv.FormatFloat(x+0, 'f', -1, 64)}) // +0: no "-0"
 		if minor := x + step/2; minor < hi {
 			ts = append(ts, plot.Tick{Value: minor})
 		}
+	}
+	return ts
+}
+
+// rateTicks labels the y axis at 1, 2 or 5 × 10^k steps, at most 6
+// labels, without decimals where none are needed.
+type rateTicks struct{}
+
+func (rateTicks) Ticks(lo, hi float64) []plot.Tick {
+	step := math.Pow(10, math.Floor(math.Log10(max(hi-lo, 1e-9))))
+	for _, m := range []float64{0.1, 0.2, 0.5, 1, 2, 5, 10} {
+		if (hi-lo)/(step*m) <= 6 {
+			step *= m
+			break
+		}
+	}
+	var ts []plot.Tick
+	for y := math.Ceil(lo/step) * step; y <= hi; y += step {
+		ts = append(ts, plot.Tick{Value: y, Label: strconv.FormatFloat(y+0, 'g', 4, 64)})
 	}
 	return ts
 }
