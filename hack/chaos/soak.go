@@ -525,21 +525,7 @@ func startLocalProxy(ctx context.Context, bed *testbed.Bed, log logr.Logger) (*l
 		return nil, nil, err
 	}
 	cfg.Registry, cfg.Logger = prometheus.NewRegistry(), log
-	p, err := localproxy.New(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(pctx) }()
-	stop := func() { cancel(); <-done }
-	select {
-	case <-p.Ready():
-		return p, stop, nil
-	case err := <-done:
-		cancel()
-		return nil, nil, fmt.Errorf("localproxy: %w", err)
-	}
+	return testbed.RunLocalProxy(ctx, cfg)
 }
 
 func waitHealthy(ctx context.Context, ok func() bool) error {

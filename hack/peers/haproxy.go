@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -157,4 +158,22 @@ func HAProxyServerStates(sock string) (map[string]string, error) {
 		out[name] = row["status"]
 	}
 	return out, nil
+}
+
+// HAProxyServing returns the server of kube_api_backend holding the most
+// current sessions (scur): where HAProxy sends a client's connection now;
+// "" when none has one.
+func HAProxyServing(sock string) (string, error) {
+	st, err := HAProxyServerStats(sock)
+	if err != nil {
+		return "", err
+	}
+	best, most := "", 0
+	for name, row := range st {
+		n, _ := strconv.Atoi(row["scur"])
+		if n > most || (n == most && n > 0 && name < best) {
+			best, most = name, n
+		}
+	}
+	return best, nil
 }
