@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
 )
@@ -43,6 +45,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
+	// client-go's own warnings (a watch ending when its server dies)
+	// would tear the live table; the board shows what the workloads see.
+	kfs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(kfs)
+	_ = kfs.Set("logtostderr", "false")
+	_ = kfs.Set("stderrthreshold", "FATAL")
+	klog.SetOutput(io.Discard)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Stdout, *steady, *observe); err != nil {

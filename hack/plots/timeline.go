@@ -160,9 +160,7 @@ func (t *Timeline) Save(path string) error {
 		p := plot.New()
 		p.Title.Text = pn.Title
 		p.Title.TextStyle.Font.Size = vg.Points(11)
-		p.X.Min, p.X.Max = from, to
 		p.X.Tick.Marker = stepTicks{}
-		p.Y.Min, p.Y.Max = 0, top
 		p.Y.Label.Text = "requests/s"
 		p.Y.Tick.Marker = rateTicks{}
 		if i == len(t.Panels)-1 {
@@ -191,6 +189,9 @@ func (t *Timeline) Save(path string) error {
 		for _, k := range m.kinds() {
 			p.Legend.Add(markStyles[k].name, markThumb(k))
 		}
+		// After the plotters: adding one widens the axes to its data.
+		p.X.Min, p.X.Max = from, to
+		p.Y.Min, p.Y.Max = 0, top
 		p.Legend.Top = true
 		p.Legend.TextStyle.Font.Size = vg.Points(9)
 		plots[i] = []*plot.Plot{p}
