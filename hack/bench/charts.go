@@ -85,7 +85,7 @@ func drawFailover(dir string, rows []FailoverRow, faults map[string]string) ([]s
 // the run ended) and when the path marked it down.
 func failoverTimeline(fault, what string, rows []FailoverRow) plots.Timeline {
 	tl := plots.Timeline{
-		Title:  fmt.Sprintf("failover: %s (%s) of the apiserver each path uses, a fresh instance of each", fault, what),
+		Title:  fmt.Sprintf("failover, %s: %s; on the apiserver each path uses, a fresh instance of each path", fault, what),
 		XLabel: "seconds after the fault (GETs every 50ms and creates every 100ms, 10s timeout; counted when they end)",
 		Bin:    failoverBin,
 	}

@@ -155,6 +155,11 @@ func (t *Timeline) Save(path string) error {
 			kinds[b.Kind] = bandColors[len(kinds)%len(bandColors)]
 		}
 	}
+	// One legend, in the first panel: the marks of every panel.
+	var allMarks marks
+	for _, pn := range t.Panels {
+		allMarks.marks = append(allMarks.marks, pn.Marks...)
+	}
 	plots := make([][]*plot.Plot, len(t.Panels))
 	for i, pn := range t.Panels {
 		p := plot.New()
@@ -182,12 +187,15 @@ func (t *Timeline) Save(path string) error {
 			l.StepStyle = plotter.PostStep
 			l.Color, l.Width = s.color, s.width
 			p.Add(l)
-			p.Legend.Add(s.name, l)
+			if i == 0 {
+				p.Legend.Add(s.name, l)
+			}
 		}
-		m := &marks{marks: pn.Marks}
-		p.Add(m)
-		for _, k := range m.kinds() {
-			p.Legend.Add(markStyles[k].name, markThumb(k))
+		p.Add(&marks{marks: pn.Marks})
+		if i == 0 {
+			for _, k := range allMarks.kinds() {
+				p.Legend.Add(markStyles[k].name, markThumb(k))
+			}
 		}
 		// After the plotters: adding one widens the axes to its data.
 		p.X.Min, p.X.Max = from, to
