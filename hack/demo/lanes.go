@@ -49,8 +49,11 @@ type lane struct {
 	// unknown (workload.Config.Serving).
 	serving func() string
 	// down reports whether the path counts addr down (HAProxy: not UP).
-	down  func(addr string) bool
-	close func()
+	down func(addr string) bool
+	// placed, if set, is called once the client uses the apiserver the
+	// fault will hit (HAProxy: the other servers back in rotation).
+	placed func() error
+	close  func()
 }
 
 // freshClient is rest.HTTPClientFor with a Dial of its own: a transport
@@ -128,10 +131,12 @@ func startLocalProxy(ctx context.Context, bed *testbed.Bed, local string) (*lane
 		close: func() { hc.CloseIdleConnections(); stop() }}, nil
 }
 
-// startHAProxy starts HAProxy with kubespray's configuration, first the
-// apiserver at first (kubespray lists the control-plane hosts in its
-// inventory's order: a fresh HAProxy's leastconn sends the first
-// connection to the first), and waits until it counts every apiserver up.
+// startHAProxy starts HAProxy with kubespray's configuration and waits
+// until it counts every apiserver up. The client's first connection must
+// go to the apiserver at first, and leastconn may send it to any: every
+// other server is set to drain (HAProxy's runtime API: no new
+// connections, checks go on) until the lane is placed, then ready again,
+// so that from the fault on HAProxy runs as kubespray configures it.
 func startHAProxy(ctx context.Context, bed *testbed.Bed, dir, first string) (*lane, error) {
 	var names, addrs []string
 	for _, s := range bed.APIServers() {
@@ -169,6 +174,18 @@ func startHAProxy(ctx context.Context, bed *testbed.Bed, dir, first string) (*la
 			return nil, fmt.Errorf("haproxy: %d of %d servers up after 30s (%v); log %s", up, len(names), err, filepath.Join(dir, "haproxy.log"))
 		}
 	}
+	setOthers := func(state string) error {
+		for _, n := range names[1:] {
+			if err := peers.HAProxySetState(sock, n, state); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := setOthers("drain"); err != nil {
+		p.Stop()
+		return nil, err
+	}
 	cfg := bed.RESTConfig(testbed.Origin)
 	cfg.Host = "https://" + peers.HAProxyListen
 	rc, hc, err := freshClient(cfg)
@@ -196,7 +213,8 @@ func startHAProxy(ctx context.Context, bed *testbed.Bed, dir, first string) (*la
 			}
 			return false
 		},
-		close: func() { hc.CloseIdleConnections(); p.Stop() }}, nil
+		placed: func() error { return setOthers("ready") },
+		close:  func() { hc.CloseIdleConnections(); p.Stop() }}, nil
 }
 
 // waitHealthy waits until pool counts n endpoints healthy, at most 90s.

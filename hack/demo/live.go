@@ -115,7 +115,7 @@ func (b *board) cut(l string) string {
 // endRound takes the table off the screen: the round's clients stopped.
 func (b *board) endRound() {
 	b.mu.Lock()
-	b.lanes = nil
+	b.lanes, b.faultT = nil, time.Time{}
 	b.mu.Unlock()
 	if b.tty {
 		b.redraw("")
@@ -358,7 +358,7 @@ func (b *board) table() []string {
 // terminal; "" before the fault.
 func (b *board) plain() string {
 	_, faultT, rows := b.rows()
-	if faultT.IsZero() {
+	if faultT.IsZero() || len(rows) == 0 {
 		return ""
 	}
 	parts := []string{fmt.Sprintf("%7.3fs  +%4.1fs", time.Since(b.start).Seconds(), time.Since(faultT).Seconds())}

@@ -103,7 +103,7 @@ type outcome struct {
 func run(ctx context.Context, out *os.File, steady, observe time.Duration) error {
 	b := newBoard(out)
 	b.log("starting etcd and 3 kube-apiservers %s in a private network namespace", testbed.DefaultVersion)
-	bed, err := testbed.Start(ctx, testbed.Options{APIServers: 3, InstallDeps: os.Geteuid() == 0, Log: b.writer("testbed: ")})
+	bed, err := testbed.Start(ctx, testbed.Options{APIServers: 3, InstallDeps: os.Geteuid() == 0, Log: b.writer("")})
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func run(ctx context.Context, out *os.File, steady, observe time.Duration) error
 	for _, n := range laneNames {
 		b.log("  %-10s %s", n, laneWhat[n])
 	}
-	b.log("before each fault every client starts afresh on the same apiserver (localproxy counts it as this node's own; HAProxy lists it first); the fault hits that apiserver")
+	b.log("before each fault every client starts afresh on the same apiserver, the one the transport picks (localproxy counts it as this node's own; HAProxy's first connection goes there while the others drain, then all three are in rotation); the fault hits that apiserver")
 
 	var outcomes []outcome
 	longest := map[string]time.Duration{}
@@ -200,6 +200,10 @@ func runFault(ctx context.Context, b *board, bed *testbed.Bed, byAddr map[string
 		return nil, err
 	}
 	if err := start(hp); err != nil {
+		return nil, err
+	}
+	waitFor(ctx, 10*time.Second, func() bool { return workloads[laneHAProxy].Serving() == victimAddr })
+	if err := hp.placed(); err != nil {
 		return nil, err
 	}
 	b.setHeader(fmt.Sprintf("%s: %s %s (%s) next; the clients run", title, fl.name, victim.Name(), victimAddr))

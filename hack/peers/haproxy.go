@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -176,4 +177,29 @@ func HAProxyServing(sock string) (string, error) {
 		}
 	}
 	return best, nil
+}
+
+// HAProxySetState sets the administrative state of server name of
+// kube_api_backend through the stats socket (its runtime API): "drain"
+// (no new connections, those open stay, checks go on), "ready" or
+// "maint".
+func HAProxySetState(sock, name, state string) error {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(c, "set server kube_api_backend/%s state %s\n", name, state); err != nil {
+		return err
+	}
+	answer, err := io.ReadAll(c)
+	if err != nil {
+		return err
+	}
+	// Success is an empty answer (a blank line); anything else says why not.
+	if msg := strings.TrimSpace(string(answer)); msg != "" {
+		return fmt.Errorf("haproxy: set server %s state %s: %s", name, state, msg)
+	}
+	return nil
 }

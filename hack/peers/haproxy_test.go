@@ -27,8 +27,13 @@ func fakeStats(t *testing.T, answer string) string {
 				return
 			}
 			line, _ := bufio.NewReader(c).ReadString('\n')
-			if strings.TrimSpace(line) == "show stat" {
+			switch line = strings.TrimSpace(line); {
+			case line == "show stat":
 				c.Write([]byte(answer))
+			case line == "set server kube_api_backend/apiserver-1 state drain":
+				c.Write([]byte("\n"))
+			case strings.HasPrefix(line, "set server"):
+				c.Write([]byte("No such server.\n\n"))
 			}
 			c.Close()
 		}
@@ -85,5 +90,15 @@ func TestHAProxyConfigKubespray(t *testing.T) {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("configuration lacks %q:\n%s", want, cfg)
 		}
+	}
+}
+
+func TestHAProxySetState(t *testing.T) {
+	sock := fakeStats(t, showStat)
+	if err := peers.HAProxySetState(sock, "apiserver-1", "drain"); err != nil {
+		t.Fatalf("drain apiserver-1: %v", err)
+	}
+	if err := peers.HAProxySetState(sock, "apiserver-9", "drain"); err == nil || !strings.Contains(err.Error(), "No such server") {
+		t.Fatalf("drain of an unknown server: %v, want HAProxy's answer", err)
 	}
 }
