@@ -186,6 +186,7 @@ func startHAProxy(ctx context.Context, bed *testbed.Bed, dir, first string) (*la
 		p.Stop()
 		return nil, err
 	}
+	serving := peers.HAProxyServing(sock)
 	cfg := bed.RESTConfig(testbed.Origin)
 	cfg.Host = "https://" + peers.HAProxyListen
 	rc, hc, err := freshClient(cfg)
@@ -194,13 +195,7 @@ func startHAProxy(ctx context.Context, bed *testbed.Bed, dir, first string) (*la
 		return nil, err
 	}
 	return &lane{name: laneHAProxy, config: rc, client: hc,
-		serving: func() string {
-			name, err := peers.HAProxyServing(sock)
-			if err != nil {
-				return ""
-			}
-			return addrOf[name]
-		},
+		serving: func() string { return addrOf[serving()] },
 		down: func(addr string) bool {
 			st, err := peers.HAProxyServerStates(sock)
 			if err != nil {

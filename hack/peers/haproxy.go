@@ -18,8 +18,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -161,22 +163,43 @@ func HAProxyServerStates(sock string) (map[string]string, error) {
 	return out, nil
 }
 
-// HAProxyServing returns the server of kube_api_backend holding the most
-// current sessions (scur): where HAProxy sends a client's connection now;
-// "" when none has one.
-func HAProxyServing(sock string) (string, error) {
-	st, err := HAProxyServerStats(sock)
-	if err != nil {
-		return "", err
-	}
-	best, most := "", 0
-	for name, row := range st {
-		n, _ := strconv.Atoi(row["scur"])
-		if n > most || (n == most && n > 0 && name < best) {
-			best, most = name, n
+// HAProxyServing returns a function naming the server of kube_api_backend
+// HAProxy carries a client to now, "" when none: the one server with
+// current sessions (scur), or, when several have one (a connection stuck
+// on a hung server beside the client's new one), the one that got a new
+// session (stot) last. It reads the stats socket at every call.
+func HAProxyServing(sock string) func() string {
+	var mu sync.Mutex // guards stot and latest
+	stot := map[string]int{}
+	latest := ""
+	return func() string {
+		st, err := HAProxyServerStats(sock)
+		if err != nil {
+			return ""
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		best, most := "", 0
+		var open []string
+		for name, row := range st {
+			n, _ := strconv.Atoi(row["stot"])
+			if prev, seen := stot[name]; seen && n > prev {
+				latest = name
+			}
+			stot[name] = n
+			cur, _ := strconv.Atoi(row["scur"])
+			if cur > 0 {
+				open = append(open, name)
+			}
+			if cur > most || (cur == most && cur > 0 && name < best) {
+				best, most = name, cur
+			}
+		}
+		if len(open) > 1 && slices.Contains(open, latest) {
+			return latest
+		}
+		return best
 	}
-	return best, nil
 }
 
 // HAProxySetState sets the administrative state of server name of

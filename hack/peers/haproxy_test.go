@@ -5,14 +5,15 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/apifailover/apifailover/hack/peers"
 )
 
-// fakeStats serves one answer to show stat on a unix socket, as HAProxy's
+// fakeStats serves answer() to show stat on a unix socket, as HAProxy's
 // stats socket does, and returns the socket's path.
-func fakeStats(t *testing.T, answer string) string {
+func fakeStats(t *testing.T, answer func() string) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "haproxy.sock")
 	ln, err := net.Listen("unix", sock)
@@ -29,7 +30,7 @@ func fakeStats(t *testing.T, answer string) string {
 			line, _ := bufio.NewReader(c).ReadString('\n')
 			switch line = strings.TrimSpace(line); {
 			case line == "show stat":
-				c.Write([]byte(answer))
+				c.Write([]byte(answer()))
 			case line == "set server kube_api_backend/apiserver-1 state drain":
 				c.Write([]byte("\n"))
 			case strings.HasPrefix(line, "set server"):
@@ -50,8 +51,10 @@ kube_api_backend,BACKEND,1,9,UP
 
 `
 
+func fixed(s string) func() string { return func() string { return s } }
+
 func TestHAProxyStats(t *testing.T) {
-	sock := fakeStats(t, showStat)
+	sock := fakeStats(t, fixed(showStat))
 	states, err := peers.HAProxyServerStates(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -65,16 +68,50 @@ func TestHAProxyStats(t *testing.T) {
 			t.Errorf("states[%s] = %q, want %q", k, states[k], v)
 		}
 	}
-	serving, err := peers.HAProxyServing(sock)
-	if err != nil || serving != "apiserver-2" {
-		t.Fatalf("HAProxyServing = %q, %v; want apiserver-2 (its one session)", serving, err)
+	if serving := peers.HAProxyServing(sock)(); serving != "apiserver-2" {
+		t.Fatalf("HAProxyServing = %q, want apiserver-2 (its one session)", serving)
 	}
 }
 
-func TestHAProxyServingNone(t *testing.T) {
-	sock := fakeStats(t, strings.ReplaceAll(showStat, "apiserver-2,1,", "apiserver-2,0,"))
-	if serving, err := peers.HAProxyServing(sock); err != nil || serving != "" {
-		t.Fatalf("HAProxyServing with no session = %q, %v; want \"\"", serving, err)
+// TestHAProxyServingMoves: a connection stuck on apiserver-1 (hung) stays
+// open beside the client's new one on apiserver-3: the new one is where
+// the client is.
+func TestHAProxyServingMoves(t *testing.T) {
+	var mu sync.Mutex
+	answer := showStat
+	sock := fakeStats(t, func() string { mu.Lock(); defer mu.Unlock(); return answer })
+	set := func(s string) { mu.Lock(); answer = s; mu.Unlock() }
+	serving := peers.HAProxyServing(sock)
+	set(`# pxname,svname,scur,stot,status
+kube_api_backend,apiserver-1,1,1,UP
+kube_api_backend,apiserver-3,0,0,UP
+`)
+	if s := serving(); s != "apiserver-1" {
+		t.Fatalf("before the fault: %q, want apiserver-1", s)
+	}
+	set(`# pxname,svname,scur,stot,status
+kube_api_backend,apiserver-1,1,1,UP
+kube_api_backend,apiserver-3,1,1,UP
+`)
+	if s := serving(); s != "apiserver-3" {
+		t.Fatalf("with a stuck session on apiserver-1 and a new one on apiserver-3: %q, want apiserver-3", s)
+	}
+	set(`# pxname,svname,scur,stot,status
+kube_api_backend,apiserver-1,0,1,UP
+kube_api_backend,apiserver-3,0,1,UP
+`)
+	if s := serving(); s != "" {
+		t.Fatalf("with no session: %q, want \"\"", s)
+	}
+}
+
+func TestHAProxySetState(t *testing.T) {
+	sock := fakeStats(t, fixed(showStat))
+	if err := peers.HAProxySetState(sock, "apiserver-1", "drain"); err != nil {
+		t.Fatalf("drain apiserver-1: %v", err)
+	}
+	if err := peers.HAProxySetState(sock, "apiserver-9", "drain"); err == nil || !strings.Contains(err.Error(), "No such server") {
+		t.Fatalf("drain of an unknown server: %v, want HAProxy's answer", err)
 	}
 }
 
@@ -90,15 +127,5 @@ func TestHAProxyConfigKubespray(t *testing.T) {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("configuration lacks %q:\n%s", want, cfg)
 		}
-	}
-}
-
-func TestHAProxySetState(t *testing.T) {
-	sock := fakeStats(t, showStat)
-	if err := peers.HAProxySetState(sock, "apiserver-1", "drain"); err != nil {
-		t.Fatalf("drain apiserver-1: %v", err)
-	}
-	if err := peers.HAProxySetState(sock, "apiserver-9", "drain"); err == nil || !strings.Contains(err.Error(), "No such server") {
-		t.Fatalf("drain of an unknown server: %v, want HAProxy's answer", err)
 	}
 }
