@@ -93,6 +93,7 @@ type outcome struct {
 	down        time.Duration // when the client counted the victim down; negative: never
 	blind       time.Duration // longest time without a successful GET
 	gets, gbad  int
+	skipped     int // GETs not sent: 64 were stuck
 	writes      int
 	wbad        int
 	relists     int
@@ -290,7 +291,7 @@ func stopWorkloads(ctx context.Context, ws map[string]*workload.Workload) map[st
 
 // summarize measures one fault on one client from the fault to end.
 func summarize(fault, lane, victim string, t0, end time.Time, res workload.Results) outcome {
-	o := outcome{fault: fault, lane: lane, victim: victim, blind: res.LongestGetGap(t0, end), relists: res.ListsSince(t0), unseen: len(res.Lost())}
+	o := outcome{fault: fault, lane: lane, victim: victim, blind: res.LongestGetGap(t0, end), relists: res.ListsSince(t0), unseen: len(res.Lost()), skipped: res.SkippedGets}
 	for _, r := range res.Gets {
 		if r.End.After(t0) {
 			o.gets++
@@ -321,14 +322,23 @@ func (o outcome) line() string {
 	if o.down >= 0 {
 		down = fmt.Sprintf("marked down after %.2fs", o.down.Seconds())
 	}
-	return fmt.Sprintf("%s, %s; blind %.2fs; failed: %d/%d GETs, %d/%d creates; relists %d", to, down, o.blind.Seconds(), o.gbad, o.gets, o.wbad, o.writes, o.relists)
+	return fmt.Sprintf("%s, %s; blind %.2fs; failed: %s GETs, %d/%d creates; relists %d", to, down, o.blind.Seconds(), o.failedGets(), o.wbad, o.writes, o.relists)
+}
+
+// failedGets is "failed/sent", and the GETs not sent while 64 were stuck.
+func (o outcome) failedGets() string {
+	s := fmt.Sprintf("%d/%d", o.gbad, o.gets)
+	if o.skipped > 0 {
+		s += fmt.Sprintf(" (+%d not sent)", o.skipped)
+	}
+	return s
 }
 
 func printSummary(out io.Writer, outcomes []outcome) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "summary (from each fault to the end of its watch; blind: longest time without a successful GET)")
-	fmt.Fprintf(out, "  %-10s %-11s %-16s %-16s %9s %12s %8s %12s %15s %8s\n", "fault", "client", "victim", "failover to", "after", "marked down", "blind", "failed GETs", "failed creates", "relists")
-	type total struct{ gets, gbad, writes, wbad, relists, unseen int }
+	fmt.Fprintf(out, "  %-10s %-11s %-16s %-16s %9s %12s %8s %24s %15s %8s\n", "fault", "client", "victim", "failover to", "after", "marked down", "blind", "failed GETs", "failed creates", "relists")
+	type total struct{ gets, gbad, skipped, writes, wbad, relists, unseen int }
 	totals := map[string]*total{}
 	for _, o := range outcomes {
 		after, down := "-", "never"
@@ -342,21 +352,21 @@ func printSummary(out io.Writer, outcomes []outcome) {
 		if o.missed != "" {
 			victim = "(on " + o.missed + ")"
 		}
-		fmt.Fprintf(out, "  %-10s %-11s %-16s %-16s %9s %12s %7.2fs %12s %15s %8d\n", o.fault, o.lane, victim, orDash(o.to), after, down, o.blind.Seconds(),
-			fmt.Sprintf("%d/%d", o.gbad, o.gets), fmt.Sprintf("%d/%d", o.wbad, o.writes), o.relists)
+		fmt.Fprintf(out, "  %-10s %-11s %-16s %-16s %9s %12s %7.2fs %24s %15s %8d\n", o.fault, o.lane, victim, orDash(o.to), after, down, o.blind.Seconds(),
+			o.failedGets(), fmt.Sprintf("%d/%d", o.wbad, o.writes), o.relists)
 		t := totals[o.lane]
 		if t == nil {
 			t = &total{}
 			totals[o.lane] = t
 		}
-		t.gets, t.gbad, t.writes, t.wbad = t.gets+o.gets, t.gbad+o.gbad, t.writes+o.writes, t.wbad+o.wbad
+		t.gets, t.gbad, t.skipped, t.writes, t.wbad = t.gets+o.gets, t.gbad+o.gbad, t.skipped+o.skipped, t.writes+o.writes, t.wbad+o.wbad
 		t.relists, t.unseen = t.relists+o.relists, t.unseen+o.unseen
 	}
 	fmt.Fprintln(out, "  during the faults:")
 	for _, n := range laneNames {
 		if t := totals[n]; t != nil {
-			fmt.Fprintf(out, "    %-10s %d/%d GETs failed, %d/%d creates failed, %d relists, %d created objects not yet seen by the informer when the clients stopped\n",
-				n, t.gbad, t.gets, t.wbad, t.writes, t.relists, t.unseen)
+			fmt.Fprintf(out, "    %-10s %d/%d GETs failed (%d not sent while 64 were stuck), %d/%d creates failed, %d relists, %d created objects not yet seen by the informer when the clients stopped\n",
+				n, t.gbad, t.gets, t.skipped, t.wbad, t.writes, t.relists, t.unseen)
 		}
 	}
 }
