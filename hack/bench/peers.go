@@ -130,7 +130,6 @@ var (
 	haproxyConfig       = peers.HAProxyConfig
 	haproxyServerStats  = peers.HAProxyServerStats
 	haproxyServerStates = peers.HAProxyServerStates
-	tail                = peers.Tail
 )
 
 // nginxSessionFormat is the stream access log's line: when the session

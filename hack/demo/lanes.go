@@ -234,16 +234,6 @@ func waitHealthy(ctx context.Context, pool *upstream.Pool, n int) error {
 	}
 }
 
-// preferred is the pool's preferred endpoint, "" if none.
-func preferred(pool *upstream.Pool) string {
-	for _, s := range pool.Status() {
-		if s.Preferred {
-			return s.Addr
-		}
-	}
-	return ""
-}
-
 func poolLine(pool *upstream.Pool) string {
 	var parts []string
 	for _, s := range pool.Status() {
