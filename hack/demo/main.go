@@ -316,7 +316,7 @@ func summarize(fault, lane, victim string, t0, end time.Time, res workload.Resul
 func (o outcome) line() string {
 	to := "no GET answered elsewhere"
 	if o.to != "" {
-		to = fmt.Sprintf("answered by %s after %s", o.to, o.failover.Round(time.Millisecond))
+		to = fmt.Sprintf("answered by %s after %s", o.to, seconds(o.failover))
 	}
 	down := "never marked down"
 	if o.down >= 0 {
@@ -343,7 +343,7 @@ func printSummary(out io.Writer, outcomes []outcome) {
 	for _, o := range outcomes {
 		after, down := "-", "never"
 		if o.to != "" {
-			after = o.failover.Round(time.Millisecond).String()
+			after = seconds(o.failover)
 		}
 		if o.down >= 0 {
 			down = fmt.Sprintf("%.2fs", o.down.Seconds())
@@ -365,10 +365,22 @@ func printSummary(out io.Writer, outcomes []outcome) {
 	fmt.Fprintln(out, "  during the faults:")
 	for _, n := range laneNames {
 		if t := totals[n]; t != nil {
-			fmt.Fprintf(out, "    %-10s %d/%d GETs failed (%d not sent while 64 were stuck), %d/%d creates failed, %d relists, %d created objects not yet seen by the informer when the clients stopped\n",
-				n, t.gbad, t.gets, t.skipped, t.wbad, t.writes, t.relists, t.unseen)
+			notSent := ""
+			if t.skipped > 0 {
+				notSent = fmt.Sprintf(" (%d not sent while 64 were stuck)", t.skipped)
+			}
+			fmt.Fprintf(out, "    %-10s %d/%d GETs failed%s, %d/%d creates failed, %d relists, %d created objects not yet seen by the informer when the clients stopped\n",
+				n, t.gbad, t.gets, notSent, t.wbad, t.writes, t.relists, t.unseen)
 		}
 	}
+}
+
+// seconds formats a time after the fault: milliseconds below a second.
+func seconds(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
 }
 
 func waitFor(ctx context.Context, limit time.Duration, cond func() bool) bool {
