@@ -44,20 +44,23 @@ e2e: deps
 
 ## chaos: a seeded soak of random faults under load with invariants (hack/chaos):
 ## DURATION (default 10m) and SEED (default: from the clock) choose it; the
-## same pair replays the same schedule. Results in _output/chaos/summary.json.
+## same pair replays the same schedule. Results in _output/chaos/summary.json,
+## the timeline chart in _output/chaos/timeline.svg.
 DURATION ?= 10m
 SEED ?= 0
 chaos: deps
 	DURATION=$(DURATION) SEED=$(SEED) $(GO) run ./hack/chaos/run
 
-## demo: start a local control plane and show failover live (no flags needed).
+## demo: start a local control plane and show the same faults against transport.Wrap,
+## localproxy and HAProxy (kubespray's configuration) side by side, live (no flags needed).
 demo: deps
 	$(GO) run ./hack/demo
 
 ## bench: benchmarks with ratios against baselines measured in the same run: the
 ## Go micro-benchmarks, then the peer benchmark (hack/bench: direct, transport,
 ## localproxy, HAProxy and nginx on a real control plane; installs haproxy and
-## nginx; about 40 minutes with the new-connection, data-path and health-cost runs; results in _output/bench/).
+## nginx; about 40 minutes with the new-connection, data-path and health-cost runs; results
+## and charts in _output/bench/).
 bench:
 	@echo "==> Go micro-benchmarks"
 	$(GO) test -run=NONE -bench=. -benchmem $(UNIT_PKGS)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/apifailover/apifailover/hack/plots"
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
 )
@@ -102,6 +103,8 @@ type FailoverRow struct {
 	Window   float64 `json:"window_s"`
 	Observed float64 `json:"observed_s"`
 	Error    string  `json:"error,omitempty"`
+	// samples are the run's requests for its chart (charts.go).
+	samples []plots.Sample
 }
 
 func secs(d time.Duration) *float64 {
@@ -252,6 +255,7 @@ func runFailover(ctx context.Context, e *env, path string, f fault, window time.
 	r := w.Stop(sctx)
 	cancel()
 	stopped = true
+	row.samples = requestSamples(r, t0)
 
 	if t, ok := firstGetElsewhere(r, t0, victim.Addr(), f.graceful, byAddr); ok {
 		row.FirstGetElsewhere = secs(t.Sub(t0))

@@ -53,7 +53,8 @@
 //
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
-// _output/bench/results.json and results.md. Run it with `make bench` or
+// _output/bench/results.json and results.md, charts beside them
+// (charts.go): failover-<fault>.svg, overhead-<op>.svg. Run it with `make bench` or
 // `go run ./hack/bench` (as root: it installs haproxy and nginx with
 // hack/tools/ensure-deps.sh --bench).
 package main

@@ -90,6 +90,8 @@ type OverheadRow struct {
 	// IdleCPUms is the proxy's CPU use at rest: milliseconds per second.
 	IdleCPUms float64 `json:"proxy_idle_cpu_ms_per_s,omitempty"`
 	Error     string  `json:"error,omitempty"`
+	// latencies are quantiles of the latencies, for the CDF (charts.go).
+	latencies []float64
 }
 
 // seedOverhead creates the namespace, the small ConfigMap and the objects
@@ -396,6 +398,7 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 				continue
 			}
 			r := summarize(op, c.path.name, *s)
+			r.latencies = latencyQuantiles(s.lat)
 			if c.path.pids != nil {
 				r.IdleCPUms = round(c.idleRate*1000, 2)
 			}

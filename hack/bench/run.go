@@ -142,6 +142,7 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 		rows, err := overhead(ctx, e, paths, o.overhead, say)
 		res.Overhead.Config = o.overhead
 		res.Overhead.Rows = rows
+		failures = append(failures, drawCharts(say, func() ([]string, error) { return drawOverhead(out, rows) })...)
 		if err != nil {
 			res.Overhead.Error = err.Error()
 			failures = append(failures, "overhead: "+err.Error())
@@ -179,6 +180,10 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 				res.Failover.Rows = append(res.Failover.Rows, row)
 			}
 		}
+	}
+
+	if !o.skipFailover {
+		failures = append(failures, drawCharts(say, func() ([]string, error) { return drawFailover(out, res.Failover.Rows, res.Failover.Faults) })...)
 	}
 
 	if !o.skipNewConn && ctx.Err() == nil {

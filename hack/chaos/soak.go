@@ -107,11 +107,14 @@ type Summary struct {
 	// TargetsMissed are targets not met (the success ratio): reported,
 	// the soak does not fail on them.
 	TargetsMissed []string `json:"targets_missed"`
+	// Timeline is what timeline.svg draws (see WriteTimeline).
+	Timeline Timeline `json:"timeline"`
 }
 
 // window is a fault as it happened.
 type window struct {
 	kind       Kind
+	server     int // as Step.Server
 	start, end time.Time
 }
 
@@ -121,6 +124,10 @@ type run struct {
 	bed  *testbed.Bed
 	say  func(format string, args ...any)
 	logs syncBuffer // the clients' and localproxy's logs
+	// began is when the load started: the schedule's time zero.
+	began time.Time
+	// events are the paths' pool events.
+	events eventLog
 }
 
 // Run runs a soak and returns its summary; the error says which
@@ -169,6 +176,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.Timeline = r.timeline(results, windows)
 
 	// The truth: what the apiservers hold, read once every fault is gone.
 	if err := bed.Heal(ctx); err != nil {
@@ -323,6 +331,9 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		violate("a bearer token of the test bed appears %d times in the logs", s.SecretsInLogs)
 	}
 	s.Violations = violations
+	if err := WriteTimeline(s, filepath.Join(opts.Out, "timeline.svg")); err != nil {
+		return nil, err
+	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return nil, err
@@ -369,6 +380,8 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	if err := waitHealthy(ctx, func() bool { return p.Pool().Healthy() && f.Pool().Healthy() }); err != nil {
 		return nil, nil, err
 	}
+	defer f.Pool().Subscribe(r.events.recorder(pathTransport))()
+	defer p.Pool().Subscribe(r.events.recorder(pathLocalProxy))()
 
 	suffix := strconv.FormatInt(time.Now().Unix(), 36)
 	ws := map[string]*workload.Workload{}
@@ -377,7 +390,7 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 			name string
 			cfg  *rest.Config
 			hc   *http.Client
-		}{{"transport", f.Config(), f.HTTPClient()}, {"localproxy", lcfg, lhc}} {
+		}{{pathTransport, f.Config(), f.HTTPClient()}, {pathLocalProxy, lcfg, lhc}} {
 			name := fmt.Sprintf("%s-%d-%s", way.name, i+1, suffix)
 			w, err := workload.Start(ctx, workload.Config{
 				RESTConfig: way.cfg, HTTPClient: way.hc, Namespace: name, GenerateName: true,
@@ -395,7 +408,8 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 		len(ws), workloadsPerWay, workloadsPerWay)
 
 	// The schedule's clock starts now, with the load.
-	windows, err := r.inject(ctx, plan, time.Now())
+	r.began = time.Now()
+	windows, err := r.inject(ctx, plan, r.began)
 	results := map[string]workload.Results{}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopLimit)
 	defer cancel()
@@ -427,7 +441,7 @@ func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]windo
 		if err := wait(st.At); err != nil {
 			return windows, err
 		}
-		w := window{kind: st.Kind, start: time.Now()}
+		w := window{kind: st.Kind, server: st.Server, start: time.Now()}
 		r.say("FAULT %s", strings.TrimSpace(st.String()))
 		lift, err := r.fault(ctx, st, servers)
 		if err != nil {
@@ -511,21 +525,7 @@ func startLocalProxy(ctx context.Context, bed *testbed.Bed, log logr.Logger) (*l
 		return nil, nil, err
 	}
 	cfg.Registry, cfg.Logger = prometheus.NewRegistry(), log
-	p, err := localproxy.New(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(pctx) }()
-	stop := func() { cancel(); <-done }
-	select {
-	case <-p.Ready():
-		return p, stop, nil
-	case err := <-done:
-		cancel()
-		return nil, nil, fmt.Errorf("localproxy: %w", err)
-	}
+	return testbed.RunLocalProxy(ctx, cfg)
 }
 
 func waitHealthy(ctx context.Context, ok func() bool) error {

@@ -348,15 +348,7 @@ func connectLocalProxy(t *testing.T, ctx context.Context, bed *testbed.Bed, o co
 		HTTPClient: hc,
 		// The endpoint with the most proxied connections (the client's
 		// and discovery's), the preferred one on a tie.
-		Serving: func() string {
-			best, most := "", 0
-			for _, s := range p.Pool().Status() {
-				if s.Conns > most || (s.Conns == most && s.Conns > 0 && s.Preferred) {
-					best, most = s.Addr, s.Conns
-				}
-			}
-			return best
-		},
+		Serving: workload.PoolServing(p.Pool()),
 		Endpoints: func() map[string]string {
 			out := make(map[string]string)
 			for a, s := range status() {

@@ -1,8 +1,10 @@
 package testbed
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/apifailover/apifailover/localproxy"
@@ -41,4 +43,25 @@ func (b *Bed) LocalProxyConfig(listen, health string, mode endpoint.ProbeMode) (
 		Discovery:       localproxy.DiscoveryConfig(id, listen, b.OriginName()),
 		ShutdownTimeout: -1,
 	}, nil
+}
+
+// RunLocalProxy runs a localproxy with cfg in this process (cfg from
+// LocalProxyConfig, with a Registry and a Logger) until ctx is done or
+// stop is called, and returns once it is ready. stop ends it and waits.
+func RunLocalProxy(ctx context.Context, cfg localproxy.Config) (p *localproxy.Proxy, stop func(), err error) {
+	p, err = localproxy.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pctx) }()
+	stop = func() { cancel(); <-done }
+	select {
+	case <-p.Ready():
+		return p, stop, nil
+	case err := <-done:
+		cancel()
+		return nil, nil, fmt.Errorf("localproxy: %w", err)
+	}
 }

@@ -58,7 +58,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Printf("chaos: every invariant held; %s/summary.json (replay: %s)\n", *out, s.Replay)
+	fmt.Printf("chaos: every invariant held; %s/summary.json, %s/timeline.svg (replay: %s)\n", *out, *out, s.Replay)
 	return 0
 }
 
