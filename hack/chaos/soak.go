@@ -404,13 +404,21 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 			ws[name] = w
 		}
 	}
-	r.say("load: %d workloads (%d through transport.Wrap, %d through localproxy), each an informer, a generateName create every 100ms and a GET every 50ms",
-		len(ws), workloadsPerWay, workloadsPerWay)
+	kubectlNS := fmt.Sprintf("%s-1-%s", pathKubectl, suffix)
+	kl, err := r.startKubectl(ctx, kubectlNS)
+	if err != nil {
+		for _, w := range ws {
+			w.Stop(ctx)
+		}
+		return nil, nil, fmt.Errorf("kubectl loop: %w", err)
+	}
+	r.say("load: %d workloads (%d through transport.Wrap, %d through localproxy), each an informer, a generateName create every 100ms and a GET every 50ms; kubectl get through localproxy every %s",
+		len(ws), workloadsPerWay, workloadsPerWay, kubectlEvery)
 
 	// The schedule's clock starts now, with the load.
 	r.began = time.Now()
 	windows, err := r.inject(ctx, plan, r.began)
-	results := map[string]workload.Results{}
+	results := map[string]workload.Results{kubectlNS: {Gets: kl.wait()}}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopLimit)
 	defer cancel()
 	for name, w := range ws {

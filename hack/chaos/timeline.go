@@ -196,7 +196,7 @@ func WriteTimeline(s *Summary, path string) error {
 
 func successLine(s *Summary) string {
 	var parts []string
-	for _, p := range []string{pathTransport, pathLocalProxy} {
+	for _, p := range []string{pathTransport, pathLocalProxy, pathKubectl} {
 		if v, ok := s.SuccessByPath[p]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.2f%%", p, v*100))
 		}
@@ -210,8 +210,10 @@ func pathRank(p string) int {
 		return 0
 	case pathLocalProxy:
 		return 1
+	case pathKubectl:
+		return 2
 	}
-	return 2
+	return 3
 }
 
 func pathWhat(p string) string {
@@ -220,6 +222,8 @@ func pathWhat(p string) string {
 		return "transport.Wrap, 2 workloads"
 	case pathLocalProxy:
 		return "localproxy, 2 workloads"
+	case pathKubectl:
+		return "kubectl get through localproxy, once a second"
 	}
 	return p
 }
