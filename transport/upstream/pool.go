@@ -413,14 +413,7 @@ func (p *Pool) ReportAnswered(addr string) {
 // connection goes to another (least outstanding, as HAProxy's leastconn
 // but counting only what is stuck).
 func (p *Pool) AddWaiting(addr string, n int) {
-	p.mu.Lock()
-	if e, ok := p.eps[addr]; ok {
-		e.waiting = max(0, e.waiting+n)
-		p.dirty = true
-		p.rebuildLocked()
-	}
-	p.mu.Unlock()
-	p.flush()
+	p.addRanked(addr, n, func(e *endpoint) *int { return &e.waiting })
 }
 
 // AddStalled adds n (1 or -1) to the connections to addr that have
@@ -432,9 +425,17 @@ func (p *Pool) AddWaiting(addr string, n int) {
 // health mark: probes and Fall are unaffected, and the endpoint ranks as
 // before once its connections answer or end.
 func (p *Pool) AddStalled(addr string, n int) {
+	p.addRanked(addr, n, func(e *endpoint) *int { return &e.stalled })
+}
+
+// addRanked adds n to the connection count field picks of addr's
+// endpoint (never below zero) and re-ranks: the counts AddWaiting and
+// AddStalled keep are rank keys.
+func (p *Pool) addRanked(addr string, n int, field func(*endpoint) *int) {
 	p.mu.Lock()
 	if e, ok := p.eps[addr]; ok {
-		e.stalled = max(0, e.stalled+n)
+		c := field(e)
+		*c = max(0, *c+n)
 		p.dirty = true
 		p.rebuildLocked()
 	}
