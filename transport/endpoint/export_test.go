@@ -65,3 +65,14 @@ func Woken(p *Prober, addr string) bool {
 		return false
 	}
 }
+
+// HeldIdle reports whether a held channel probed at probes (since a start)
+// is idle at now, for a Prober whose QuietInterval is quiet.
+func HeldIdle(quiet time.Duration, probes []time.Duration, now time.Duration) bool {
+	start := time.Unix(1e9, 0)
+	h := &heldEndpoint{}
+	for _, d := range probes {
+		h.probed(start.Add(d))
+	}
+	return h.idle(start.Add(now), quiet)
+}

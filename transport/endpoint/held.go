@@ -149,12 +149,18 @@ func (h *heldEndpoint) probed(now time.Time) {
 }
 
 // idle reports whether the endpoint went unprobed for 3 of its last probe
-// intervals, and at least heldIdleMin: it left the pool (or the pool
-// stopped) without a Forget, and its connection is closed.
-func (h *heldEndpoint) idle(now time.Time) bool {
+// intervals and 3 quiet intervals (the pool's interval between rounds
+// while every endpoint is healthy), and at least heldIdleMin: it left the
+// pool (or the pool stopped) without a Forget, and its connection is
+// closed. The quiet interval counts whatever the last gap was: two probes
+// a moment apart (a round a Kick brought forward, or the last fast round
+// before the pool turned quiet) are followed by up to a quiet interval
+// without one, and a connection closed in that gap would leave the server
+// unwatched until the next round dials it again.
+func (h *heldEndpoint) idle(now time.Time, quiet time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	limit := heldIdleMin
+	limit := max(heldIdleMin, 3*quiet)
 	if !h.prevProbe.IsZero() {
 		limit = max(limit, 3*h.lastProbe.Sub(h.prevProbe))
 	}
@@ -548,7 +554,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 		// reconnects and tells which.
 		goingAway: func() bool { return c.cc.State().Closing },
 		// No probe for long ends it quietly.
-		stop: c.h.idle,
+		stop: func(now time.Time) bool { return c.h.idle(now, p.QuietInterval()) },
 	}
 	busy := p.Busy
 	if busy == nil {

@@ -646,3 +646,54 @@ func TestHeldProbeSuspectedChecksANewConnection(t *testing.T) {
 	assert.ErrorContains(t, err, "refused")
 	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr), "the held connection was dropped")
 }
+
+// A held connection stays open across the gap to the pool's next round
+// when rounds slow down to the quiet interval: two probes a moment apart
+// (a round, then one a Kick brought forward; or the last fast round before
+// every endpoint is healthy again) are followed by up to QuietInterval
+// without a probe, and a server that hangs in that gap is caught by a PING
+// (within the confirmation timeout), not by the dial of the next round.
+func TestHeldConnectionSpansTheQuietInterval(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	rep := newReporter()
+	p := heldProber(t, pki, rep)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	// Past heldIdleMin (3s) and three times the last gap, within the
+	// quiet interval (5s).
+	time.Sleep(3500 * time.Millisecond)
+	require.Zero(t, s.closed.Load(), "the held connection was closed as idle before the pool's next round was due")
+	hang := time.Now()
+	s.frozen.Store(true)
+	r := rep.wait(t, 2*time.Second)
+	assert.Equal(t, upstream.FailureConnLost, r.f, "%v", r.err)
+	assert.Less(t, r.at.Sub(hang), time.Second)
+	assert.Equal(t, int32(1), s.handshakes.Load())
+}
+
+// The held connection of an endpoint that is no longer probed (it left the
+// pool without Forget) is still closed, once three quiet intervals passed.
+func TestHeldIdleLimit(t *testing.T) {
+	s := time.Second
+	tests := []struct {
+		name   string
+		quiet  time.Duration
+		probes []time.Duration // since the first
+		now    time.Duration
+		idle   bool
+	}{
+		{"one probe, within the floor", 0, []time.Duration{0}, 2 * s, false},
+		{"one probe, past the floor", 0, []time.Duration{0}, 4 * s, true},
+		{"a kick after a round: the quiet interval counts", 5 * s, []time.Duration{0, s / 10}, 10 * s, false},
+		{"a kick after a round: three quiet intervals", 5 * s, []time.Duration{0, s / 10}, 16 * s, true},
+		{"slower rounds than the quiet interval", 5 * s, []time.Duration{0, 20 * s}, 70 * s, false},
+		{"slower rounds, three of them", 5 * s, []time.Duration{0, 20 * s}, 81 * s, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.idle, endpoint.HeldIdle(tc.quiet, tc.probes, tc.now))
+		})
+	}
+}
