@@ -1,6 +1,7 @@
 package localproxy
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -113,26 +114,30 @@ func (p *poller) remove(id uint64) {
 	p.mu.Unlock()
 }
 
-// arm makes the poller resume direction side of connection id once r's
-// socket is readable, has ended or failed (once: EPOLLONESHOT).
-func (p *poller) arm(r *rawDirection, id uint64, side int) error {
-	key := id<<1 | uint64(side)
+// arm makes the poller resume d, of the connection named id, once its
+// source socket is readable, has ended or failed (once: EPOLLONESHOT).
+func (p *poller) arm(d *direction, id uint64) error {
+	rc := d.rawSrc()
+	if rc == nil {
+		return errors.New("not a socket")
+	}
+	key := id<<1 | uint64(d.side)
 	ev := unix.EpollEvent{
 		Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
 		Fd:     int32(uint32(key)),
 		Pad:    int32(uint32(key >> 32)),
 	}
 	op := unix.EPOLL_CTL_MOD
-	if !r.registered {
+	if !d.registered {
 		op = unix.EPOLL_CTL_ADD
 	}
-	// Set before: once armed, r belongs to whoever resumes it. If this
+	// Set before: once armed, d belongs to whoever resumes it. If this
 	// fails, MOD finds no registration and adds one.
-	r.registered = true
+	d.registered = true
 	var err error
 	// Both descriptors are held open for the call.
 	cerr := p.rc.Control(func(epfd uintptr) {
-		cerr := r.rc.Control(func(fd uintptr) {
+		cerr := rc.Control(func(fd uintptr) {
 			err = unix.EpollCtl(int(epfd), op, int(fd), &ev)
 			switch {
 			case err == unix.ENOENT && op == unix.EPOLL_CTL_MOD:

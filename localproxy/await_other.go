@@ -15,6 +15,6 @@ func (*poller) run()             {}
 func (*poller) close()           {}
 func (*poller) add(*conn) uint64 { return 0 }
 func (*poller) remove(uint64)    {}
-func (*poller) arm(*rawDirection, uint64, int) error {
+func (*poller) arm(*direction, uint64) error {
 	return errors.ErrUnsupported
 }

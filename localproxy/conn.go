@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,15 +25,19 @@ type conn struct {
 	// the pool stops counting it.
 	upRaw net.Conn
 	// fb, if not nil, watches for the upstream's first byte after the
-	// client's first bytes. Set before the copies start.
+	// client's first bytes: set before the copies start, cleared once the
+	// watch is settled.
 	fb *firstByte
 
 	halves atomic.Int32 // directions that ended with EOF
 	// mu guards the fields below, the upstream fields and the
 	// directions' states. Nothing else is locked while it is held.
 	mu sync.Mutex
-	// dirs are the two copies, indexed by toUpstream and toClient.
+	// dirs are the two copies, indexed by toUpstream and toClient, and
+	// raw the client's and the upstream's syscall.RawConn (nil: not a
+	// socket), set before the copies start.
 	dirs [2]direction
+	raw  [2]syscall.RawConn
 	// closeAt is the earliest close deadline (half-open, shutdown);
 	// closeTimer closes c then.
 	closeAt    time.Time
@@ -132,8 +137,10 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 func (c *conn) pipe(fb *firstByte) {
 	c.mu.Lock()
 	c.fb = fb
-	c.dirs[toUpstream].initLocked(c, toUpstream, c.client, c.upRaw, c.p.bytesIn)
-	c.dirs[toClient].initLocked(c, toClient, c.upRaw, c.client, c.p.bytesOut)
+	c.raw = [2]syscall.RawConn{rawConnOf(c.client), rawConnOf(c.upRaw)}
+	for side := range c.dirs {
+		c.dirs[side].c, c.dirs[side].side = c, side
+	}
 	c.mu.Unlock()
 	c.p.pipes.Add(1)
 	go c.dirs[toUpstream].run()
@@ -160,7 +167,11 @@ func (c *conn) doneLocked() bool {
 // finish ends a connection whose copies are done: the first-byte watch
 // stops, the proxy forgets it.
 func (c *conn) finish() {
-	c.fb.stop()
+	c.mu.Lock()
+	fb := c.fb
+	c.fb = nil
+	c.mu.Unlock()
+	fb.stop()
 	if c.id != 0 { // no direction parks any more: c.id is set for good
 		c.p.parker().remove(c.id)
 	}

@@ -8,18 +8,23 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The copy of one direction of a connection: reads into a pooled buffer
 // and writes what it read, so that a small message (an API request or
 // response, a TLS record) costs one read and one write; a read that fills
 // the buffer finds out whether more is queued and splices that in the
-// kernel (copy_linux.go). A direction that has had nothing to read for
-// parkAfter hands its wait to the proxy's poller and its goroutine ends
-// (park): an idle connection holds its two sockets and no goroutine, no
-// buffer and no pipe. Data resumes it on a new goroutine.
+// kernel (copy_linux.go). A direction that has had nothing to read for a
+// while (its linger) hands its wait to the proxy's poller and its
+// goroutine ends (park): an idle connection holds its two sockets and no
+// goroutine, no buffer and no pipe. Data resumes it on a new goroutine.
+//
+// The linger adapts: it starts at minLinger, so that a burst of new
+// connections that then idle does not keep a goroutine stack each for
+// long (the memory stays with the process); a direction resumed less than
+// maxLinger after it parked doubles it, up to maxLinger, so that a busy
+// connection keeps its goroutines, cheaper per message than parking; one
+// resumed later starts again from minLinger.
 
 const (
 	// copyBufSize is the size of the copy buffers: a TLS record (16 KiB
@@ -28,11 +33,11 @@ const (
 	// copyChunk is how much one splice call may move before the byte
 	// counters are updated.
 	copyChunk = 256 << 10
-	// parkAfter is how long a direction waits for data on its own
-	// goroutine before it parks: between parkAfter and twice that after
-	// its last data. A busy connection keeps its goroutines, which is
-	// cheaper per message than parking.
-	parkAfter = 200 * time.Millisecond
+	// minLinger and maxLinger bound how long a direction waits for data
+	// on its own goroutine before it parks: between its linger and twice
+	// that after its last data.
+	minLinger = 20 * time.Millisecond
+	maxLinger = 320 * time.Millisecond
 )
 
 // copyBufs holds the copy buffers; a direction takes one only while it
@@ -57,45 +62,91 @@ const (
 	dirDone
 )
 
-// direction copies src to dst for a conn. Its fields other than state
-// belong to the one goroutine running it; a park or resume hands them on
-// under conn.mu.
+// direction is one of a conn's two copies. It holds only what an idle
+// connection needs; the state of a running copy is a copier, pooled.
 type direction struct {
-	c        *conn
-	side     int
-	src, dst net.Conn
-	bytes    prometheus.Counter
+	c    *conn
+	side int
 	// state is guarded by c.mu.
 	state dirState
+	// The fields below belong to the goroutine running d; a park or
+	// resume hands them on under c.mu.
+	//
 	// started: the first read, which the first-byte watch sees, is done.
 	started bool
-	// moved: data came since the park deadline was last set.
-	moved bool
-	// raw holds the OS specific parts: raw reads, splice, parking.
-	raw rawDirection
+	// registered: src has been added to the poller (poller.arm).
+	registered bool
+	// linger is how long d waits for data before it parks (zero:
+	// minLinger); parkedAt is when it last parked.
+	linger   time.Duration
+	parkedAt time.Time
 }
 
-// init sets d up to copy src to dst; the caller holds c.mu.
-func (d *direction) initLocked(c *conn, side int, src, dst net.Conn, bytes prometheus.Counter) {
-	d.c, d.side, d.src, d.dst, d.bytes = c, side, src, dst, bytes
-	d.raw.init(d)
+// src returns the connection d reads, dst the one it writes.
+func (d *direction) src() net.Conn {
+	if d.side == toUpstream {
+		return d.c.client
+	}
+	return d.c.upRaw
 }
+
+func (d *direction) dst() net.Conn {
+	if d.side == toUpstream {
+		return d.c.upRaw
+	}
+	return d.c.client
+}
+
+// rawSrc and rawDst are src's and dst's syscall.RawConn; nil: not a
+// socket.
+func (d *direction) rawSrc() syscall.RawConn { return d.c.raw[d.side] }
+func (d *direction) rawDst() syscall.RawConn { return d.c.raw[1-d.side] }
+
+// copier is the state of a running direction, taken from copiers when it
+// starts and put back when it parks or ends.
+type copier struct {
+	d *direction
+	// moved: data came since the park deadline was last set.
+	moved bool
+	// raw holds the OS specific parts: raw reads and writes, splice.
+	raw rawCopier
+}
+
+var copiers = sync.Pool{New: func() any {
+	cp := &copier{}
+	cp.raw.init(cp)
+	return cp
+}}
 
 // run copies until src ends (the EOF is passed on with CloseWrite, and the
 // other direction then gets HalfOpenTimeout to finish), the copy fails
-// (which closes the connection), or src has had nothing to read for
-// parkAfter (park). The last direction to end finishes the connection.
+// (which closes the connection), or src has had nothing to read for its
+// linger (park). The last direction to end finishes the connection.
 func (d *direction) run() {
-	parking := d.raw.canPark() && d.c.p.parker() != nil
+	cp := copiers.Get().(*copier)
+	cp.d, cp.moved = d, false
+	cp.raw.start()
+	cp.copy()
+	cp.d = nil
+	cp.raw.stop()
+	copiers.Put(cp)
+}
+
+// copy is run's loop; it returns when d parked or ended.
+func (cp *copier) copy() {
+	d := cp.d
+	src := d.src()
+	parking := cp.raw.canPark() && d.c.p.parker() != nil
 	if parking {
-		d.src.SetReadDeadline(time.Now().Add(parkAfter))
+		d.adaptLinger()
+		src.SetReadDeadline(time.Now().Add(d.linger))
 	}
 	for {
-		bp, n, err := d.raw.read()
+		bp, n, err := cp.raw.read()
 		if parking && errors.Is(err, os.ErrDeadlineExceeded) {
-			if d.moved {
-				d.moved = false
-				d.src.SetReadDeadline(time.Now().Add(parkAfter))
+			if cp.moved {
+				cp.moved = false
+				src.SetReadDeadline(time.Now().Add(d.linger))
 				continue
 			}
 			if d.park() {
@@ -104,15 +155,15 @@ func (d *direction) run() {
 			// Not parked (the poller refused, or c was closed): wait
 			// here, without a deadline.
 			parking = false
-			d.src.SetReadDeadline(time.Time{})
+			src.SetReadDeadline(time.Time{})
 			continue
 		}
-		d.moved = true
+		cp.moved = true
 		var werr error
 		full := n == copyBufSize
 		if n > 0 {
 			var w int
-			w, werr = d.raw.write((*bp)[:n])
+			w, werr = cp.raw.write((*bp)[:n])
 			copyBufs.Put(bp)
 			d.wrote(w)
 		}
@@ -128,12 +179,23 @@ func (d *direction) run() {
 			d.c.first(d.side, n, err)
 		}
 		if err == nil && !eof && full {
-			eof, err = d.raw.bulk()
+			eof, err = cp.raw.bulk()
 		}
 		if err != nil || eof {
 			d.end(eof, err)
 			return
 		}
+	}
+}
+
+// adaptLinger sets d's linger as d starts or resumes: doubled if it
+// parked less than maxLinger ago, minLinger if it never parked or parked
+// longer ago.
+func (d *direction) adaptLinger() {
+	if !d.parkedAt.IsZero() && time.Since(d.parkedAt) < maxLinger {
+		d.linger = min(2*max(d.linger, minLinger), maxLinger)
+	} else {
+		d.linger = minLinger
 	}
 }
 
@@ -144,9 +206,11 @@ func (d *direction) wrote(n int) {
 	if n <= 0 {
 		return
 	}
-	d.bytes.Add(float64(n))
 	if d.side == toUpstream {
+		d.c.p.bytesIn.Add(float64(n))
 		d.c.p.upstreams.Wake(d.c.addr)
+	} else {
+		d.c.p.bytesOut.Add(float64(n))
 	}
 }
 
@@ -156,7 +220,7 @@ func (d *direction) wrote(n int) {
 func (d *direction) end(eof bool, err error) {
 	c := d.c
 	if eof {
-		if cw, ok := d.dst.(interface{ CloseWrite() error }); ok {
+		if cw, ok := d.dst().(interface{ CloseWrite() error }); ok {
 			err = cw.CloseWrite()
 		}
 	}
@@ -185,9 +249,10 @@ func (d *direction) park() bool {
 	}
 	id := c.id
 	d.state = dirParked
+	d.parkedAt = time.Now()
 	c.mu.Unlock()
 	// From here on d belongs to whoever resumes it.
-	if err := c.p.parker().arm(&d.raw, id, d.side); err != nil {
+	if err := c.p.parker().arm(d, id); err != nil {
 		mine := c.unpark(d)
 		if mine {
 			c.p.log.V(2).Info("waiting for data without the poller", "client", c.client.RemoteAddr().String(), "err", err.Error())
@@ -218,23 +283,32 @@ func (c *conn) unpark(d *direction) bool {
 }
 
 // first tells the first-byte watch what the first read of a direction
-// saw: n bytes and err (the read's or the write's, not io.EOF).
+// saw: n bytes and err (the read's or the write's, not io.EOF). Once the
+// upstream's first read settled the watch, c lets go of it.
 func (c *conn) first(side, n int, err error) {
-	if c.fb == nil {
+	c.mu.Lock()
+	fb := c.fb
+	c.mu.Unlock()
+	if fb == nil {
 		return
 	}
 	if side == toUpstream {
 		if n > 0 && err == nil {
-			c.fb.sent()
+			fb.sent()
 		}
 		return
 	}
 	switch {
 	case n > 0:
-		c.fb.received()
+		fb.received()
 	case err != nil:
-		c.fb.failed(err, c.isClosed())
+		fb.failed(err, c.isClosed())
+	default:
+		return // ended without a byte: the watch goes on until c finishes
 	}
+	c.mu.Lock()
+	c.fb = nil
+	c.mu.Unlock()
 }
 
 // readBuffered reads src into a buffer from copyBufs: n > 0 bytes in

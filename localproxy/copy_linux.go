@@ -16,19 +16,20 @@ import (
 // less than the two splice calls through a pipe.
 const spliceMin = 64 << 10
 
-// rawDirection reads and writes the sockets itself, through their
+// rawCopier reads and writes the sockets itself, through their
 // syscall.RawConn: a read takes a pooled buffer only once there is
 // something to read, and bulk data is spliced. The reads and writes are
 // raw system calls (no entersyscall): the sockets are non-blocking, so
 // the calls return at once, and a proxy idle between small messages does
 // not wake the runtime's sysmon thread for each of them (measured: about
 // a third fewer context switches per request).
-type rawDirection struct {
-	d *direction
-	// src's and dst's raw connections; nil: not a socket, the net.Conn
-	// methods are used instead.
+type rawCopier struct {
+	cp *copier
+	// src's and dst's raw connections, from the direction; nil: not a
+	// socket, the net.Conn methods are used instead.
 	rc, wrc syscall.RawConn
-	// readFn, writeFn and inqFn are readRaw, writeRaw and inq, bound once.
+	// readFn, writeFn and inqFn are readRaw, writeRaw and inq, bound once
+	// per copier.
 	readFn, writeFn func(fd uintptr) bool
 	inqFn           func(fd uintptr)
 	// What readFn read: n bytes in *bp, or err.
@@ -41,32 +42,29 @@ type rawDirection struct {
 	werr error
 	// queued is what inqFn found.
 	queued int
-	// splice: src and dst are both *net.TCPConn; lr limits a splice.
-	splice bool
-	lr     io.LimitedReader
-	// registered: src has been added to the poller (poller.arm).
-	registered bool
+	// lr limits a splice.
+	lr io.LimitedReader
 }
 
-func (r *rawDirection) init(d *direction) {
-	r.d = d
-	r.rc, r.wrc = rawConnOf(d.src), rawConnOf(d.dst)
+// init binds r's callbacks, once per copier.
+func (r *rawCopier) init(cp *copier) {
+	r.cp = cp
 	r.readFn, r.writeFn, r.inqFn = r.readRaw, r.writeRaw, r.inq
-	_, srcTCP := d.src.(*net.TCPConn)
-	_, dstTCP := d.dst.(*net.TCPConn)
-	r.splice = srcTCP && dstTCP && r.rc != nil
-	r.lr.R = d.src
 }
+
+// start and stop take and drop the direction's connections.
+func (r *rawCopier) start() { r.rc, r.wrc = r.cp.d.rawSrc(), r.cp.d.rawDst() }
+func (r *rawCopier) stop()  { r.rc, r.wrc, r.lr.R = nil, nil, nil }
 
 // canPark: the poller can wait for src.
-func (r *rawDirection) canPark() bool { return r.rc != nil }
+func (r *rawCopier) canPark() bool { return r.rc != nil }
 
 // read waits until src has something to read, ended or failed, and reads
 // it: n > 0 bytes in *bp (the caller puts bp back in copyBufs), or an error
 // (io.EOF at the end; the deadline's; a closed connection's).
-func (r *rawDirection) read() (*[]byte, int, error) {
+func (r *rawCopier) read() (*[]byte, int, error) {
 	if r.rc == nil {
-		return readBuffered(r.d.src)
+		return readBuffered(r.cp.d.src())
 	}
 	if err := r.rc.Read(r.readFn); err != nil {
 		return nil, 0, err
@@ -78,7 +76,7 @@ func (r *rawDirection) read() (*[]byte, int, error) {
 
 // readRaw is the syscall.RawConn.Read callback of read: false (wait for
 // readability) while nothing is queued.
-func (r *rawDirection) readRaw(fd uintptr) bool {
+func (r *rawCopier) readRaw(fd uintptr) bool {
 	bp := copyBufs.Get().(*[]byte)
 	n, errno := rawIO(unix.SYS_READ, fd, *bp)
 	switch {
@@ -86,7 +84,7 @@ func (r *rawDirection) readRaw(fd uintptr) bool {
 		copyBufs.Put(bp)
 		return false
 	case errno != 0:
-		r.n, r.err = 0, readError(r.d.src, errno)
+		r.n, r.err = 0, readError(r.cp.d.src(), errno)
 	case n == 0:
 		r.n, r.err = 0, io.EOF
 	default:
@@ -98,9 +96,9 @@ func (r *rawDirection) readRaw(fd uintptr) bool {
 }
 
 // write writes b to dst, waiting while dst's buffer is full.
-func (r *rawDirection) write(b []byte) (int, error) {
+func (r *rawCopier) write(b []byte) (int, error) {
 	if r.wrc == nil {
-		return r.d.dst.Write(b)
+		return r.cp.d.dst().Write(b)
 	}
 	r.wbuf, r.wn, r.werr = b, 0, nil
 	err := r.wrc.Write(r.writeFn)
@@ -113,7 +111,7 @@ func (r *rawDirection) write(b []byte) (int, error) {
 
 // writeRaw is the syscall.RawConn.Write callback of write: false (wait for
 // room) while dst's buffer is full.
-func (r *rawDirection) writeRaw(fd uintptr) bool {
+func (r *rawCopier) writeRaw(fd uintptr) bool {
 	for r.wn < len(r.wbuf) {
 		n, errno := rawIO(unix.SYS_WRITE, fd, r.wbuf[r.wn:])
 		switch errno {
@@ -122,7 +120,7 @@ func (r *rawDirection) writeRaw(fd uintptr) bool {
 		case unix.EAGAIN:
 			return false
 		default:
-			dst := r.d.dst
+			dst := r.cp.d.dst()
 			r.werr = &net.OpError{Op: "write", Net: "tcp", Source: dst.LocalAddr(), Addr: dst.RemoteAddr(), Err: os.NewSyscallError("write", errno)}
 			return true
 		}
@@ -141,23 +139,28 @@ func rawIO(trap, fd uintptr, b []byte) (int, syscall.Errno) {
 	}
 }
 
-// bulk splices what src has queued while that is at least spliceMin. It
-// returns whether src ended and the splice's error.
-func (r *rawDirection) bulk() (eof bool, err error) {
-	if !r.splice {
+// bulk splices what src has queued while that is at least spliceMin, if
+// src and dst are both *net.TCPConn. It returns whether src ended and the
+// splice's error.
+func (r *rawCopier) bulk() (eof bool, err error) {
+	d := r.cp.d
+	src, srcTCP := d.src().(*net.TCPConn)
+	dst, dstTCP := d.dst().(*net.TCPConn)
+	if !srcTCP || !dstTCP || r.rc == nil {
 		return false, nil
 	}
+	r.lr.R = src
 	for {
 		r.queued = 0
 		if cerr := r.rc.Control(r.inqFn); cerr != nil || r.queued < spliceMin {
 			return false, nil
 		}
 		r.lr.N = int64(min(r.queued, copyChunk))
-		n, err := r.d.dst.(*net.TCPConn).ReadFrom(&r.lr)
-		r.d.wrote(int(n))
+		n, err := dst.ReadFrom(&r.lr)
+		d.wrote(int(n))
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			// The park deadline (see direction.run) stopped the splice
+			// The park deadline (see copier.copy) stopped the splice
 			// before it read; the next read sees it too.
 			return false, nil
 		case err != nil:
@@ -171,6 +174,6 @@ func (r *rawDirection) bulk() (eof bool, err error) {
 
 // inq is the syscall.RawConn.Control callback of bulk: how many bytes src
 // has queued (SIOCINQ).
-func (r *rawDirection) inq(fd uintptr) {
+func (r *rawCopier) inq(fd uintptr) {
 	r.queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
 }

@@ -2,23 +2,25 @@
 
 package localproxy
 
-// rawDirection reads with net.Conn.Read into a pooled buffer; elsewhere
-// than on Linux there is no splice and no parking.
-type rawDirection struct {
-	d *direction
+// rawCopier reads and writes with the net.Conn methods, through a pooled
+// buffer; elsewhere than on Linux there is no splice and no parking.
+type rawCopier struct {
+	cp *copier
 }
 
-func (r *rawDirection) init(d *direction) { r.d = d }
+func (r *rawCopier) init(cp *copier) { r.cp = cp }
+func (r *rawCopier) start()          {}
+func (r *rawCopier) stop()           {}
 
 // canPark: the poller is Linux only.
-func (r *rawDirection) canPark() bool { return false }
+func (r *rawCopier) canPark() bool { return false }
 
 // read reads src: n > 0 bytes in *bp (the caller puts bp back in
 // copyBufs), or an error (io.EOF at the end).
-func (r *rawDirection) read() (*[]byte, int, error) { return readBuffered(r.d.src) }
-
-// bulk does nothing: the buffer copies everything.
-func (r *rawDirection) bulk() (eof bool, err error) { return false, nil }
+func (r *rawCopier) read() (*[]byte, int, error) { return readBuffered(r.cp.d.src()) }
 
 // write writes b to dst.
-func (r *rawDirection) write(b []byte) (int, error) { return r.d.dst.Write(b) }
+func (r *rawCopier) write(b []byte) (int, error) { return r.cp.d.dst().Write(b) }
+
+// bulk does nothing: the buffer copies everything.
+func (r *rawCopier) bulk() (eof bool, err error) { return false, nil }

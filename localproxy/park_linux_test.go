@@ -16,7 +16,7 @@ import (
 )
 
 // parkWait bounds how long a test waits for idle copies to park (they
-// park within twice the proxy's 200ms).
+// park within twice their linger, at most 640ms).
 const parkWait = 10 * time.Second
 
 // waitParked waits until the proxy has n copies parked.
