@@ -142,7 +142,8 @@ func (cp *copier) copy() {
 		src.SetReadDeadline(time.Now().Add(d.linger))
 	}
 	for {
-		bp, n, err := cp.raw.read()
+		p := cp.raw.pump()
+		err := p.err
 		if parking && errors.Is(err, os.ErrDeadlineExceeded) {
 			if cp.moved {
 				cp.moved = false
@@ -159,13 +160,14 @@ func (cp *copier) copy() {
 			continue
 		}
 		cp.moved = true
-		var werr error
-		full := n == copyBufSize
-		if n > 0 {
-			var w int
-			w, werr = cp.raw.write((*bp)[:n])
-			copyBufs.Put(bp)
+		werr := p.werr
+		if p.bp != nil {
+			w, err := cp.raw.write((*p.bp)[p.off:p.n])
+			copyBufs.Put(p.bp)
 			d.wrote(w)
+			if werr == nil {
+				werr = err
+			}
 		}
 		eof := errors.Is(err, io.EOF)
 		if eof {
@@ -174,6 +176,7 @@ func (cp *copier) copy() {
 		if err == nil {
 			err = werr
 		}
+		n, full := p.n, p.full
 		if !d.started {
 			d.started = true
 			d.c.first(d.side, n, err)
@@ -311,16 +314,27 @@ func (c *conn) first(side, n int, err error) {
 	c.mu.Unlock()
 }
 
-// readBuffered reads src into a buffer from copyBufs: n > 0 bytes in
-// *bp (the caller puts bp back), or none and an error.
-func readBuffered(src net.Conn) (*[]byte, int, error) {
+// pumped is what a copier's pump hands back to copy: bytes read that
+// copy is to write, (*bp)[off:n] (bp nil: none), the error of src (io.EOF
+// at its end; the deadline's) or of dst, and whether the read filled the
+// buffer (more may be queued). n counts the bytes read, written or not.
+type pumped struct {
+	bp     *[]byte
+	off, n int
+	err    error
+	werr   error
+	full   bool
+}
+
+// readBuffered reads src into a buffer from copyBufs, for copy to write.
+func readBuffered(src net.Conn) pumped {
 	bp := copyBufs.Get().(*[]byte)
 	n, err := src.Read(*bp)
 	if n == 0 {
 		copyBufs.Put(bp)
-		return nil, 0, err
+		return pumped{err: err}
 	}
-	return bp, n, err
+	return pumped{bp: bp, n: n, err: err, full: n == copyBufSize}
 }
 
 // readError is what a raw read's errno becomes, as net.Conn.Read reports

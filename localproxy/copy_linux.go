@@ -28,18 +28,18 @@ type rawCopier struct {
 	// src's and dst's raw connections, from the direction; nil: not a
 	// socket, the net.Conn methods are used instead.
 	rc, wrc syscall.RawConn
-	// readFn, writeFn and inqFn are readRaw, writeRaw and inq, bound once
+	// pumpFn, writeFn and inqFn are pumpRaw, writeRaw and inq, bound once
 	// per copier.
-	readFn, writeFn func(fd uintptr) bool
+	pumpFn, writeFn func(fd uintptr) bool
 	inqFn           func(fd uintptr)
-	// What readFn read: n bytes in *bp, or err.
-	bp  *[]byte
-	n   int
-	err error
-	// What writeFn is to write (wbuf), has written (wn) or failed with.
-	wbuf []byte
-	wn   int
-	werr error
+	// out is what pumpFn hands back.
+	out pumped
+	// What writeFn is to write (wbuf), has written (wn) or failed with;
+	// wonce: try once, do not wait.
+	wbuf  []byte
+	wn    int
+	werr  error
+	wonce bool
 	// queued is what inqFn found.
 	queued int
 	// lr limits a splice.
@@ -49,7 +49,7 @@ type rawCopier struct {
 // init binds r's callbacks, once per copier.
 func (r *rawCopier) init(cp *copier) {
 	r.cp = cp
-	r.readFn, r.writeFn, r.inqFn = r.readRaw, r.writeRaw, r.inq
+	r.pumpFn, r.writeFn, r.inqFn = r.pumpRaw, r.writeRaw, r.inq
 }
 
 // start and stop take and drop the direction's connections.
@@ -59,24 +59,30 @@ func (r *rawCopier) stop()  { r.rc, r.wrc, r.lr.R = nil, nil, nil }
 // canPark: the poller can wait for src.
 func (r *rawCopier) canPark() bool { return r.rc != nil }
 
-// read waits until src has something to read, ended or failed, and reads
-// it: n > 0 bytes in *bp (the caller puts bp back in copyBufs), or an error
-// (io.EOF at the end; the deadline's; a closed connection's).
-func (r *rawCopier) read() (*[]byte, int, error) {
+// pump copies what arrives on src to dst until src ends, fails or hits
+// its deadline, a read fills the buffer (bulk may follow), dst fails or
+// is full, or the read is the direction's first (the first-byte watch
+// sees it through copy). It runs inside one syscall.RawConn.Read of src,
+// so that after a read that emptied src's queue it waits for the next
+// readability without reading again (a read that finds nothing costs a
+// system call per message); the write to dst is only tried there: waiting
+// for dst inside src's callback would hold up src's Close, so a write
+// that cannot finish at once is left to copy, with what is left of the
+// buffer.
+func (r *rawCopier) pump() pumped {
 	if r.rc == nil {
 		return readBuffered(r.cp.d.src())
 	}
-	if err := r.rc.Read(r.readFn); err != nil {
-		return nil, 0, err
+	r.out = pumped{}
+	if err := r.rc.Read(r.pumpFn); err != nil {
+		return pumped{err: err}
 	}
-	bp, n, err := r.bp, r.n, r.err
-	r.bp, r.err = nil, nil
-	return bp, n, err
+	return r.out
 }
 
-// readRaw is the syscall.RawConn.Read callback of read: false (wait for
-// readability) while nothing is queued.
-func (r *rawCopier) readRaw(fd uintptr) bool {
+// pumpRaw is the syscall.RawConn.Read callback of pump: false to wait for
+// src's next readability.
+func (r *rawCopier) pumpRaw(fd uintptr) bool {
 	bp := copyBufs.Get().(*[]byte)
 	n, errno := rawIO(unix.SYS_READ, fd, *bp)
 	switch {
@@ -84,15 +90,49 @@ func (r *rawCopier) readRaw(fd uintptr) bool {
 		copyBufs.Put(bp)
 		return false
 	case errno != 0:
-		r.n, r.err = 0, readError(r.cp.d.src(), errno)
+		copyBufs.Put(bp)
+		r.out.err = readError(r.cp.d.src(), errno)
+		return true
 	case n == 0:
-		r.n, r.err = 0, io.EOF
-	default:
-		r.bp, r.n = bp, n
+		copyBufs.Put(bp)
+		r.out.err = io.EOF
+		return true
+	}
+	full := n == len(*bp)
+	d := r.cp.d
+	if !d.started || r.wrc == nil {
+		r.out = pumped{bp: bp, n: n, full: full}
+		return true
+	}
+	r.cp.moved = true
+	w, werr := r.tryWrite((*bp)[:n])
+	d.wrote(w)
+	if w < n || werr != nil {
+		r.out = pumped{bp: bp, off: w, n: n, werr: werr, full: full}
+		if werr != nil {
+			copyBufs.Put(bp)
+			r.out.bp = nil
+		}
 		return true
 	}
 	copyBufs.Put(bp)
-	return true
+	if full {
+		r.out = pumped{n: n, full: true}
+		return true
+	}
+	return false
+}
+
+// tryWrite writes as much of b to dst as it takes now, without waiting.
+func (r *rawCopier) tryWrite(b []byte) (int, error) {
+	r.wbuf, r.wn, r.werr = b, 0, nil
+	r.wonce = true
+	err := r.wrc.Write(r.writeFn)
+	r.wbuf, r.wonce = nil, false
+	if err == nil {
+		err = r.werr
+	}
+	return r.wn, err
 }
 
 // write writes b to dst, waiting while dst's buffer is full.
@@ -109,8 +149,8 @@ func (r *rawCopier) write(b []byte) (int, error) {
 	return r.wn, err
 }
 
-// writeRaw is the syscall.RawConn.Write callback of write: false (wait for
-// room) while dst's buffer is full.
+// writeRaw is the syscall.RawConn.Write callback of write and tryWrite:
+// false (wait for room) while dst's buffer is full, unless wonce.
 func (r *rawCopier) writeRaw(fd uintptr) bool {
 	for r.wn < len(r.wbuf) {
 		n, errno := rawIO(unix.SYS_WRITE, fd, r.wbuf[r.wn:])
@@ -118,7 +158,7 @@ func (r *rawCopier) writeRaw(fd uintptr) bool {
 		case 0:
 			r.wn += n
 		case unix.EAGAIN:
-			return false
+			return r.wonce
 		default:
 			dst := r.cp.d.dst()
 			r.werr = &net.OpError{Op: "write", Net: "tcp", Source: dst.LocalAddr(), Addr: dst.RemoteAddr(), Err: os.NewSyscallError("write", errno)}

@@ -15,9 +15,8 @@ func (r *rawCopier) stop()           {}
 // canPark: the poller is Linux only.
 func (r *rawCopier) canPark() bool { return false }
 
-// read reads src: n > 0 bytes in *bp (the caller puts bp back in
-// copyBufs), or an error (io.EOF at the end).
-func (r *rawCopier) read() (*[]byte, int, error) { return readBuffered(r.cp.d.src()) }
+// pump reads src once, for copy to write what it read.
+func (r *rawCopier) pump() pumped { return readBuffered(r.cp.d.src()) }
 
 // write writes b to dst.
 func (r *rawCopier) write(b []byte) (int, error) { return r.cp.d.dst().Write(b) }
