@@ -33,6 +33,12 @@ const (
 	// copyChunk is how much one splice call may move before the byte
 	// counters are updated.
 	copyChunk = 256 << 10
+	// MaxSplices bounds the copies that splice at once: a splice holds a
+	// kernel pipe (two file descriptors) while it moves bytes, and Go
+	// keeps the pipes of finished splices for reuse until a garbage
+	// collection or two has passed, so at most 4*MaxSplices descriptors
+	// are pipes. Beyond it, bulk data is copied through the buffer.
+	MaxSplices = 32
 	// minLinger and maxLinger bound how long a direction waits for data
 	// on its own goroutine before it parks: between its linger and twice
 	// that after its last data.

@@ -180,8 +180,8 @@ func rawIO(trap, fd uintptr, b []byte) (int, syscall.Errno) {
 }
 
 // bulk splices what src has queued while that is at least spliceMin, if
-// src and dst are both *net.TCPConn. It returns whether src ended and the
-// splice's error.
+// src and dst are both *net.TCPConn and fewer than MaxSplices copies
+// splice. It returns whether src ended and the splice's error.
 func (r *rawCopier) bulk() (eof bool, err error) {
 	d := r.cp.d
 	src, srcTCP := d.src().(*net.TCPConn)
@@ -189,6 +189,12 @@ func (r *rawCopier) bulk() (eof bool, err error) {
 	if !srcTCP || !dstTCP || r.rc == nil {
 		return false, nil
 	}
+	splicing := &d.c.p.splicing
+	if splicing.Add(1) > MaxSplices {
+		splicing.Add(-1)
+		return false, nil
+	}
+	defer splicing.Add(-1)
 	r.lr.R = src
 	for {
 		r.queued = 0

@@ -54,6 +54,8 @@ type Proxy struct {
 	// pipes counts connections whose copies started and are not done;
 	// they outlive the goroutine of serve.
 	pipes sync.WaitGroup
+	// splicing counts the copies splicing now (MaxSplices).
+	splicing atomic.Int32
 	// bytesIn and bytesOut count the bytes copied each way.
 	bytesIn, bytesOut prometheus.Counter
 
