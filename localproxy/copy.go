@@ -21,10 +21,13 @@ import (
 //
 // The linger adapts: it starts at minLinger, so that a burst of new
 // connections that then idle does not keep a goroutine stack each for
-// long (the memory stays with the process); a direction resumed less than
-// maxLinger after it parked doubles it, up to maxLinger, so that a busy
-// connection keeps its goroutines, cheaper per message than parking; one
-// resumed later starts again from minLinger.
+// long (the memory stays with the process: 1,000 connections opened 32 at
+// a time and left idle cost the binary 9.6 KiB each with 20ms, 6.4 KiB
+// with 5ms, 5.8 KiB with 1ms, which costs more CPU per new connection in
+// parks); a direction resumed less than maxLinger after it parked doubles
+// it, up to maxLinger, so that a busy connection keeps its goroutines,
+// cheaper per message than parking; one resumed later starts again from
+// minLinger.
 
 const (
 	// copyBufSize is the size of the copy buffers: a TLS record (16 KiB
@@ -42,7 +45,7 @@ const (
 	// minLinger and maxLinger bound how long a direction waits for data
 	// on its own goroutine before it parks: between its linger and twice
 	// that after its last data.
-	minLinger = 20 * time.Millisecond
+	minLinger = 5 * time.Millisecond
 	maxLinger = 320 * time.Millisecond
 )
 
