@@ -38,6 +38,10 @@ type HandoverReport struct {
 	// localproxy.DefaultShutdownTimeout).
 	SuccessorReady []float64 `json:"successor_ready_s"`
 	Stopped        []float64 `json:"stopped_s"`
+	// Drained is, per hand-over, the client connections the old instance
+	// had open when it was stopped: closed by their server, or cut at the
+	// end of its drain, and reopened through the successor.
+	Drained []int64 `json:"drained_conns"`
 	// Failed counts the requests through localproxy (workloads and
 	// kubectl) that failed in a hand-over's window; Refused those of them
 	// whose connection was refused, which the hand-over promises never
@@ -179,15 +183,17 @@ func (r *run) handover(ctx context.Context) (func() error, error) {
 	r.say("localproxy instance %d serves beside instance %d (ready after %.1fs)", next.n, old.n, ready.Seconds())
 	return func() error {
 		t := time.Now()
+		open := old.p.Status().ActiveConnections
 		old.stop()
 		stopped := time.Since(t)
-		r.say("localproxy instance %d stopped after %.1fs", old.n, stopped.Seconds())
+		r.say("localproxy instance %d stopped after %.1fs (it had %d client connections)", old.n, stopped.Seconds(), open)
 		f := &r.faults
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.handovers.Count++
 		f.handovers.SuccessorReady = append(f.handovers.SuccessorReady, seconds(ready))
 		f.handovers.Stopped = append(f.handovers.Stopped, seconds(stopped))
+		f.handovers.Drained = append(f.handovers.Drained, open)
 		return nil
 	}, nil
 }

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -41,6 +42,10 @@ type JoinReport struct {
 	// there (a violation for Seen).
 	Seen    map[string]float64 `json:"seen_after_ready_s"`
 	Healthy map[string]float64 `json:"healthy_after_ready_s"`
+	// MaxConns is, by path, the most client connections routed to it at
+	// once before the leave (read every 50ms): 0 means the leave had no
+	// client connection to move, only the pools' probes (SocketsLeft).
+	MaxConns map[string]int `json:"max_conns"`
 	// Left is the seconds from the leave (SIGTERM, the server's graceful
 	// shutdown) until its address had left the EndpointSlice
 	// (RemoveAPIServer returned).
@@ -77,6 +82,7 @@ type joinWatch struct {
 	leaveAt   time.Time // the leave began; zero before
 	leftAt    time.Time // the address left the EndpointSlice
 	droppedAt map[string]time.Time
+	maxConns  map[string]int
 	last      map[string]pathView
 
 	stop chan struct{}
@@ -93,7 +99,7 @@ type joinWatch struct {
 func (r *run) join(ctx context.Context) (func() error, error) {
 	f := &r.faults
 	w := &joinWatch{f: f, bed: r.bed, began: time.Now(), known: map[string]bool{}, seenAt: map[string]time.Time{},
-		healthyAt: map[string]time.Time{}, droppedAt: map[string]time.Time{}, stop: make(chan struct{})}
+		healthyAt: map[string]time.Time{}, droppedAt: map[string]time.Time{}, maxConns: map[string]int{}, stop: make(chan struct{})}
 	for _, s := range r.bed.APIServers() {
 		w.known[s.Addr()] = true
 	}
@@ -206,6 +212,7 @@ func (w *joinWatch) look(now time.Time, views map[string]pathView) {
 	w.last = views
 	for path, v := range views {
 		if w.leaveAt.IsZero() {
+			w.maxConns[path] = max(w.maxConns[path], v.conns)
 			if _, ok := w.seenAt[path]; !ok && v.inPool {
 				w.seenAt[path] = now
 			}
@@ -255,7 +262,7 @@ func (w *joinWatch) report() (JoinReport, []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rep := JoinReport{Server: w.srv.Name(), Addr: w.srv.Addr(), Seen: map[string]float64{}, Healthy: map[string]float64{},
-		Dropped: map[string]float64{}, Left: seconds(w.leftAt.Sub(w.leaveAt))}
+		MaxConns: maps.Clone(w.maxConns), Dropped: map[string]float64{}, Left: seconds(w.leftAt.Sub(w.leaveAt))}
 	var violations []string
 	if w.readyAt.IsZero() {
 		violations = append(violations, fmt.Sprintf("join of %s: its /readyz never answered 200", rep.Server))
