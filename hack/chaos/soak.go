@@ -21,18 +21,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
-	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
-	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // Options configure a soak.
@@ -109,6 +105,11 @@ type Summary struct {
 	TargetsMissed []string `json:"targets_missed"`
 	// Timeline is what timeline.svg draws (see WriteTimeline).
 	Timeline Timeline `json:"timeline"`
+	// Joins, CertFaults and Handovers are the figures of those faults
+	// (faults_*.go); what they break is among Violations.
+	Joins      []JoinReport   `json:"joins"`
+	CertFaults []CertReport   `json:"cert_faults"`
+	Handovers  HandoverReport `json:"handovers"`
 }
 
 // window is a fault as it happened.
@@ -128,6 +129,9 @@ type run struct {
 	began time.Time
 	// events are the paths' pool events.
 	events eventLog
+	// faults holds what joins, certificate faults and hand-overs need
+	// and report.
+	faults faultState
 }
 
 // Run runs a soak and returns its summary; the error says which
@@ -306,6 +310,9 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		}
 	}
 	slices.Sort(s.TargetsMissed)
+	for _, v := range r.reportFaults(s, results, windows) {
+		violate("%s", v)
+	}
 
 	// Everything the soak started is stopped: back to the baseline.
 	g, fd := settledCounts(baseG, baseFD)
@@ -365,23 +372,25 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	}
 	defer f.Close()
 
-	// The localproxy path, in this process, as the e2e suite runs it.
-	p, stopProxy, err := startLocalProxy(ctx, bed, log.WithName("localproxy"))
+	// The localproxy path, in this process, as the e2e suite runs it;
+	// a hand-over replaces the instance.
+	lp, err := r.startLocalProxy(ctx, log.WithName("localproxy"))
 	if err != nil {
 		return nil, nil, err
 	}
-	defer stopProxy()
+	defer lp.close()
+	r.faults.tr, r.faults.lp = f, lp
 	lcfg := bed.RESTConfig(testbed.LocalProxy)
 	lhc, err := rest.HTTPClientFor(lcfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer lhc.CloseIdleConnections()
-	if err := waitHealthy(ctx, func() bool { return p.Pool().Healthy() && f.Pool().Healthy() }); err != nil {
+	if err := waitHealthy(ctx, func() bool { return lp.current().Pool().Healthy() && f.Pool().Healthy() }); err != nil {
 		return nil, nil, err
 	}
 	defer f.Pool().Subscribe(r.events.recorder(pathTransport))()
-	defer p.Pool().Subscribe(r.events.recorder(pathLocalProxy))()
+	lp.subscribe(r.events.recorder(pathLocalProxy))
 
 	suffix := strconv.FormatInt(time.Now().Unix(), 36)
 	ws := map[string]*workload.Workload{}
@@ -455,6 +464,9 @@ func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]windo
 		if err != nil {
 			return windows, fmt.Errorf("%v: %w", st, err)
 		}
+		if st.Kind == Join {
+			w.server = r.faults.lastJoined()
+		}
 		if err := wait(st.End()); err != nil {
 			return windows, err
 		}
@@ -470,13 +482,18 @@ func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]windo
 
 // fault injects st's fault and returns what lifts it.
 func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) (func() error, error) {
-	if st.Kind == AllDown {
+	switch st.Kind {
+	case AllDown:
 		for _, s := range servers {
 			if err := s.Kill(); err != nil {
 				return nil, err
 			}
 		}
 		return func() error { return r.bed.Heal(ctx) }, nil
+	case Join:
+		return r.join(ctx)
+	case Handover:
+		return r.handover(ctx)
 	}
 	s := servers[st.Server]
 	restore := s.Restore
@@ -500,6 +517,8 @@ func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) 
 	case Graceful:
 		err = s.Terminate()
 		restore = func() error { return s.Restart(ctx) }
+	case MisnamedCert, NotYetValidCert:
+		return r.certFault(ctx, st, s)
 	default:
 		err = fmt.Errorf("unknown fault %q", st.Kind)
 	}
@@ -521,19 +540,6 @@ func classify(rq workload.Request, windows []window) (class string, kind Kind) {
 		class, kind = classFault, w.kind
 	}
 	return class, kind
-}
-
-// startLocalProxy runs a localproxy in this process in front of the bed's
-// apiservers on the bed's LocalProxy address: held probes verified with
-// the bed's CA, discovery through the proxy as the localproxy identity.
-func startLocalProxy(ctx context.Context, bed *testbed.Bed, log logr.Logger) (*localproxy.Proxy, func(), error) {
-	listen := strings.TrimPrefix(bed.RESTConfig(testbed.LocalProxy).Host, "https://")
-	cfg, err := bed.LocalProxyConfig(listen, "127.0.0.1:0", endpoint.ProbeHeld)
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg.Registry, cfg.Logger = prometheus.NewRegistry(), log
-	return testbed.RunLocalProxy(ctx, cfg)
 }
 
 func waitHealthy(ctx context.Context, ok func() bool) error {
