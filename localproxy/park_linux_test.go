@@ -180,13 +180,18 @@ func TestParkedConnectionDeadlines(t *testing.T) {
 	})
 	t.Run("idle", func(t *testing.T) {
 		echo := newEcho(t)
-		r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, IdleTimeout: timeout})
+		// Longer than the others: waitParked must see both copies parked
+		// before the connection is closed, on a loaded machine too.
+		const idle = 3 * timeout
+		r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, IdleTimeout: idle})
 		c := dial(t, r.addr())
+		// Taken before the round trip: the proxy's last data is its echo,
+		// which may reach the client well after it crossed the proxy.
+		beforeLastData := time.Now()
 		require.NoError(t, roundTrip(c, "x"))
-		lastData := time.Now()
 		waitParked(t, r, 2)
 		require.Eventually(t, func() bool { return closedByPeer(c) }, 10*time.Second, 10*time.Millisecond)
-		assert.GreaterOrEqual(t, time.Since(lastData), timeout)
+		assert.GreaterOrEqual(t, time.Since(beforeLastData), idle)
 		assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_connections_closed_by_proxy_total", "reason", "idle"))
 	})
 	t.Run("shutdown", func(t *testing.T) {
