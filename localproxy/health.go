@@ -220,7 +220,9 @@ func (b bodiless) Write(p []byte) (int, error) { return len(p), nil }
 // closed as soon as they are accepted; those within it are closed by the
 // server's timeouts when they dawdle.
 func (p *Proxy) serveHealth(ctx context.Context, srv *http.Server, ln net.Listener) {
-	ln = newCapListener(ln, HealthMaxConnections, p.m.healthActive, p.m.healthRejected, p.log)
+	cl := newCapListener(ln, HealthMaxConnections, p.m.healthActive, p.m.healthRejected, p.m.healthEvicted, p.log)
+	srv.ConnState = cl.connState
+	ln = cl
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

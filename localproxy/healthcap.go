@@ -2,6 +2,7 @@ package localproxy
 
 import (
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,54 +63,112 @@ func (l *healthLimits) setDefaults() {
 	}
 }
 
-// capListener is a listener that closes every connection it accepts
-// beyond max open ones at once, instead of leaving it queued in the
-// listen backlog (netutil.LimitListener), where it waits, and a client
-// with it, for as long as the connections before it stay.
+// capListener is a listener that holds at most max open connections
+// without leaving any in the listen backlog (netutil.LimitListener), where
+// it would wait, and a client with it, for as long as the connections
+// before it stay. A connection beyond the cap takes the slot of the one
+// that went longest without a request in progress (new and not yet through
+// its request headers, or idle between requests; see connState): one that
+// only holds a slot, trickling its headers (slowloris) or sitting idle,
+// loses it to the next client, kubelet's probe included. When every slot
+// serves a request, the new connection is closed at once.
 type capListener struct {
 	net.Listener
 	max      int64
 	open     atomic.Int64 // connections returned by Accept and not yet closed
 	active   prometheus.Gauge
 	rejected prometheus.Counter
+	evicted  prometheus.Counter
 	log      logr.Logger
 
 	mu        sync.Mutex // guards the fields below
-	lastLog   time.Time  // when a rejection was last logged
-	notLogged int        // rejections since lastLog
+	conns     map[*cappedConn]struct{}
+	lastLog   time.Time // when a rejection or eviction was last logged
+	notLogged int       // rejections and evictions since lastLog
 }
 
-func newCapListener(ln net.Listener, max int, active prometheus.Gauge, rejected prometheus.Counter, log logr.Logger) *capListener {
-	return &capListener{Listener: ln, max: int64(max), active: active, rejected: rejected, log: log}
+func newCapListener(ln net.Listener, max int, active prometheus.Gauge, rejected, evicted prometheus.Counter, log logr.Logger) *capListener {
+	return &capListener{Listener: ln, max: int64(max), active: active, rejected: rejected, evicted: evicted, log: log,
+		conns: make(map[*cappedConn]struct{})}
 }
 
-// Accept returns the next connection while fewer than max are open,
-// closing those beyond.
+// Accept returns the next connection, making room for it at the cap by
+// closing the open one that went longest without a request in progress,
+// and closing it instead when every open one has a request in progress.
 func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
-			l.active.Inc()
-			return &cappedConn{Conn: c, l: l}, nil
+		if l.open.Add(1) > l.max {
+			victim := l.oldestWithoutRequest()
+			if victim == nil {
+				l.open.Add(-1)
+				c.Close()
+				l.rejected.Inc()
+				l.note("health server full, every connection serving a request; closing new connection", c.RemoteAddr())
+				continue
+			}
+			victim.Close() // gives its slot back
+			l.evicted.Inc()
+			l.note("health server full; closing the connection longest without a request", victim.RemoteAddr())
 		}
-		l.open.Add(-1)
-		c.Close()
-		l.rejected.Inc()
-		l.noteRejected(c.RemoteAddr())
+		l.active.Inc()
+		cc := &cappedConn{Conn: c, l: l}
+		cc.since.Store(time.Now().UnixNano())
+		l.mu.Lock()
+		l.conns[cc] = struct{}{}
+		l.mu.Unlock()
+		return cc, nil
 	}
 }
 
-func (l *capListener) release() {
+// oldestWithoutRequest returns the open connection without a request in
+// progress whose state is oldest, nil if every one has one.
+func (l *capListener) oldestWithoutRequest() *cappedConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var victim *cappedConn
+	for c := range l.conns {
+		if c.busy.Load() || c.closed.Load() {
+			continue
+		}
+		if victim == nil || c.since.Load() < victim.since.Load() {
+			victim = c
+		}
+	}
+	return victim
+}
+
+// connState is the health server's http.Server.ConnState: a connection
+// has a request in progress from when its headers are read (StateActive)
+// until the answer is written (StateIdle, or closed).
+func (l *capListener) connState(c net.Conn, s http.ConnState) {
+	cc, ok := c.(*cappedConn)
+	if !ok {
+		return
+	}
+	switch s {
+	case http.StateActive:
+		cc.busy.Store(true)
+	case http.StateIdle:
+		cc.busy.Store(false)
+		cc.since.Store(time.Now().UnixNano())
+	}
+}
+
+func (l *capListener) release(c *cappedConn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
 	l.open.Add(-1)
 	l.active.Dec()
 }
 
-// noteRejected logs a rejection, at most one line per
-// healthRejectLogEvery with the number rejected since the last one.
-func (l *capListener) noteRejected(client net.Addr) {
+// note logs a rejection or an eviction, at most one line per
+// healthRejectLogEvery with the number since the last one.
+func (l *capListener) note(msg string, client net.Addr) {
 	now := time.Now()
 	l.mu.Lock()
 	l.notLogged++
@@ -118,22 +177,27 @@ func (l *capListener) noteRejected(client net.Addr) {
 		n, l.notLogged, l.lastLog = l.notLogged, 0, now
 	}
 	l.mu.Unlock()
-	l.log.V(4).Info("health server full; closing connection", "client", client.String())
+	l.log.V(4).Info(msg, "client", client.String())
 	if n > 0 {
-		l.log.Info("health server at its connection limit: closing new connections", "max", l.max, "closed", n)
+		l.log.Info("health server at its connection limit: closing connections without a request in progress, or new ones", "max", l.max, "closed", n)
 	}
 }
 
-// cappedConn gives its slot back when closed (once).
+// cappedConn gives its slot back when closed (once). busy: a request is
+// in progress; since: when it was accepted or last went idle.
 type cappedConn struct {
 	net.Conn
-	l    *capListener
-	once sync.Once
+	l      *capListener
+	busy   atomic.Bool
+	since  atomic.Int64
+	closed atomic.Bool
+	once   sync.Once
 }
 
 func (c *cappedConn) Close() error {
+	c.closed.Store(true)
 	err := c.Conn.Close()
-	c.once.Do(c.l.release)
+	c.once.Do(func() { c.l.release(c) })
 	return err
 }
 

@@ -27,6 +27,7 @@ type metrics struct {
 	// connections.
 	healthActive   prometheus.Gauge
 	healthRejected prometheus.Counter
+	healthEvicted  prometheus.Counter
 	// zone has one series: the proxy's own zone and where it came from.
 	zone      *prometheus.GaugeVec
 	endpoints *endpoint.EndpointSeries // of dials and dialDuration
@@ -88,14 +89,18 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 		}),
 		healthRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "health_connections_rejected_total",
-			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open.", HealthMaxConnections),
+			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open, each serving a request.", HealthMaxConnections),
+		}),
+		healthEvicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "health_connections_evicted_total",
+			Help: fmt.Sprintf("Connections to the health, metrics and status server closed to make room for a new one, because as many as it holds (%d) were open: each time the one longest without a request in progress (not through its request headers yet, or idle).", HealthMaxConnections),
 		}),
 		zone: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "zone_info",
 			Help: "Always 1: the proxy's own topology zone (empty: none; API servers in it are preferred after local ones) and where it came from: config (--zone), node (the Node's topology.kubernetes.io/zone label, --node-name) or none.",
 		}, []string{"zone", "source"}),
 	}
-	for _, c := range []prometheus.Collector{m.zone, m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.failback, m.healthActive, m.healthRejected, endpoint.NewPoolCollector(pool)} {
+	for _, c := range []prometheus.Collector{m.zone, m.silent, m.accepted, m.active, m.rejected, m.acceptErrors, m.dials, m.dialDuration, m.failovers, m.closed, m.bytes, m.failback, m.healthActive, m.healthRejected, m.healthEvicted, endpoint.NewPoolCollector(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
