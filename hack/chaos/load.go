@@ -155,6 +155,8 @@ func (l *load) finish(ctx context.Context) map[string]workload.Results {
 func (l *load) truth(ctx context.Context) ([]corev1.ConfigMap, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
 	for {
 		var items []corev1.ConfigMap
 		var err error
@@ -171,7 +173,7 @@ func (l *load) truth(ctx context.Context) ([]corev1.ConfigMap, error) {
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(time.Second):
+		case <-t.C:
 		}
 	}
 }

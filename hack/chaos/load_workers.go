@@ -106,6 +106,8 @@ func coreREST(cfg *rest.Config, hc *http.Client) (rest.Interface, error) {
 func setupWorkerNamespace(ctx context.Context, admin kubernetes.Interface, ns string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
 	for {
 		_, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		if err == nil || apierrors.IsAlreadyExists(err) {
@@ -120,7 +122,7 @@ func setupWorkerNamespace(ctx context.Context, admin kubernetes.Interface, ns st
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("namespace %s: %w", ns, err)
-		case <-time.After(500 * time.Millisecond):
+		case <-t.C:
 		}
 	}
 }
