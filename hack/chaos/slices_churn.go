@@ -29,8 +29,9 @@ import (
 // manySliceAddrs addresses. The made-up addresses route nowhere in the
 // bed's network namespace. Every churnCheck both pools are checked: each
 // apiserver the kubernetes slice lists Ready is in the pool as discovered
-// (the kubernetes slice comes first within the bound), and the pool holds
-// at most endpoint.MaxDiscoveredEndpoints plus the static endpoints. An
+// (the kubernetes slice comes first within the bound) within discoveryLag,
+// and the pool holds at most endpoint.MaxDiscoveredEndpoints plus the
+// static endpoints. An
 // apiserver the slice does not list may be absent: transport.Wrap's only
 // static endpoint is the origin (apiserver-1), and an apiserver stopped by
 // a fault leaves the slice. The slices are removed before the all-down phase
@@ -47,6 +48,14 @@ const (
 	// all-down phase.
 	churnPauseBefore = 8 * time.Second
 	churnPauseAfter  = 20 * time.Second
+	// discoveryLag is how long a pool's discovered endpoints may miss an
+	// apiserver the kubernetes slice lists Ready, the slice unchanged: a
+	// watch broken by a fault comes back after its backoff (up to 30s),
+	// and a discovery that fell back to polling the kubernetes Endpoints
+	// (localproxy's does for 5 minutes after its slice watch was
+	// forbidden once, which a restarting apiserver answers) reads it every
+	// 10s; each with a request of up to 10s.
+	discoveryLag = 45 * time.Second
 )
 
 // churnKinds are the slices' kinds, written in turn.
@@ -62,19 +71,32 @@ type SliceReport struct {
 	MaxPool      int `json:"max_pool"`
 	PoolBound    int `json:"pool_bound"`
 	MaxFakeInUse int `json:"max_made_up_in_pool"`
+	// MaxFakeByPath is MaxFakeInUse per path: localproxy's discovery
+	// reads the kubernetes Endpoints instead of the slices while it has
+	// fallen back to them, and sees no made-up address then.
+	MaxFakeByPath map[string]int `json:"max_made_up_by_path"`
 	// Absent: apiservers absent from a pool at a check, whatever the
-	// kubernetes slice said (a figure: see above); Undiscovered: an
-	// apiserver the kubernetes slice lists Ready missing from a pool's
-	// discovered endpoints at two checks in a row with that slice
-	// unchanged (an invariant), and the first few of them.
-	Absent            int      `json:"absent"`
-	Undiscovered      int      `json:"undiscovered"`
-	UndiscoveredFirst []string `json:"undiscovered_first,omitempty"`
+	// kubernetes slice said (a figure: see above). LongestUndiscovered:
+	// the longest an apiserver the kubernetes slice listed Ready (the
+	// slice unchanged) was missing from a pool's discovered endpoints, in
+	// seconds; Undiscovered: checks at which that had lasted longer than
+	// discoveryLag (an invariant), and the first few of them.
+	LongestUndiscovered float64  `json:"longest_undiscovered_s"`
+	Absent              int      `json:"absent"`
+	Undiscovered        int      `json:"undiscovered"`
+	UndiscoveredFirst   []string `json:"undiscovered_first,omitempty"`
 	// Settled: seconds after the slices were removed until both pools
 	// held no made-up address (or churnSettle); Leftover: made-up
 	// addresses still there then.
 	Settled  float64 `json:"settled_s"`
 	Leftover int     `json:"leftover"`
+}
+
+// miss is an apiserver missing from a pool's discovered endpoints since
+// a check, the kubernetes slice at resourceVersion rv.
+type miss struct {
+	since time.Time
+	rv    string
 }
 
 // pathPool is a path's pool.
@@ -95,16 +117,16 @@ type churn struct {
 
 	mu      sync.Mutex // guards rep and misses
 	rep     SliceReport
-	misses  map[string]string // path/addr -> kubernetes slice's RV at the last miss
-	present map[string]bool   // slices that exist
+	misses  map[string]miss // by path/addr: missing since, with the kubernetes slice at
+	present map[string]bool // slices that exist
 }
 
 // startChurn starts writing slices through cs and checking pools, pausing
 // around every all-down step of plan (times from began).
 func startChurn(ctx context.Context, cs kubernetes.Interface, bed *testbed.Bed, pools []pathPool, plan []Step, began time.Time) *churn {
 	c := &churn{cs: cs, pools: pools, real: map[string]bool{}, began: began, done: make(chan struct{}),
-		rep:    SliceReport{Writes: map[string]int{}, PoolBound: endpoint.MaxDiscoveredEndpoints + len(bed.APIServers())},
-		misses: map[string]string{}, present: map[string]bool{}}
+		rep:    SliceReport{Writes: map[string]int{}, MaxFakeByPath: map[string]int{}, PoolBound: endpoint.MaxDiscoveredEndpoints + len(bed.APIServers())},
+		misses: map[string]miss{}, present: map[string]bool{}}
 	for _, s := range bed.APIServers() {
 		c.real[s.Addr()] = true
 	}
@@ -280,6 +302,7 @@ func (c *churn) check(ctx context.Context) {
 			listed = append(listed, sp.Addr)
 		}
 	}
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rep.Checks++
@@ -299,6 +322,7 @@ func (c *churn) check(ctx context.Context) {
 			}
 		}
 		c.rep.MaxFakeInUse = max(c.rep.MaxFakeInUse, fake)
+		c.rep.MaxFakeByPath[pp.path] = max(c.rep.MaxFakeByPath[pp.path], fake)
 		for a := range c.real {
 			if !in[a] {
 				c.rep.Absent++
@@ -310,13 +334,19 @@ func (c *churn) check(ctx context.Context) {
 				delete(c.misses, key)
 				continue
 			}
-			if prev, ok := c.misses[key]; ok && prev == rv && rv != "" {
+			m, ok := c.misses[key]
+			if !ok || m.rv != rv || rv == "" {
+				c.misses[key] = miss{since: now, rv: rv}
+				continue
+			}
+			d := now.Sub(m.since)
+			c.rep.LongestUndiscovered = max(c.rep.LongestUndiscovered, d.Seconds())
+			if d > discoveryLag {
 				c.rep.Undiscovered++
 				if len(c.rep.UndiscoveredFirst) < 10 {
-					c.rep.UndiscoveredFirst = append(c.rep.UndiscoveredFirst, fmt.Sprintf("%.1fs %s (in the pool: %v)", time.Since(c.began).Seconds(), key, in[a]))
+					c.rep.UndiscoveredFirst = append(c.rep.UndiscoveredFirst, fmt.Sprintf("%.1fs %s for %.0fs (in the pool: %v)", now.Sub(c.began).Seconds(), key, d.Seconds(), in[a]))
 				}
 			}
-			c.misses[key] = rv
 		}
 	}
 }
@@ -357,11 +387,12 @@ func (c *churn) finish(ctx context.Context) (SliceReport, []string) {
 		v = append(v, fmt.Sprintf("slices: a pool held %d endpoints, above the bound %d", r.MaxPool, r.PoolBound))
 	}
 	if r.Undiscovered > 0 {
-		v = append(v, fmt.Sprintf("slices: an apiserver listed Ready by the kubernetes slice was not among a pool's discovered endpoints at %d checks (the previous check too, the slice unchanged): %v", r.Undiscovered, r.UndiscoveredFirst))
+		v = append(v, fmt.Sprintf("slices: an apiserver listed Ready by the kubernetes slice (unchanged) was missing from a pool's discovered endpoints for more than %s at %d checks: %v", discoveryLag, r.Undiscovered, r.UndiscoveredFirst))
 	}
 	if r.Leftover > 0 {
 		v = append(v, fmt.Sprintf("slices: %d made-up addresses still in the pools %.0fs after the slices were removed", r.Leftover, r.Settled))
 	}
+	r.MaxFakeByPath = maps.Clone(c.rep.MaxFakeByPath)
 	if r.MaxFakeInUse == 0 {
 		v = append(v, "slices: no made-up address ever reached a pool: the churn tested nothing")
 	}
