@@ -2,8 +2,19 @@
 
 package localproxy
 
-import "net"
+import "errors"
 
-// awaitData returns copyChunk at once: elsewhere than on Linux the copy
-// is not a splice and holds no pipe while it waits.
-func awaitData(net.Conn) (int64, error) { return copyChunk, nil }
+// poller: elsewhere than on Linux there is none, and directions wait for
+// data on their own goroutines.
+type poller struct{}
+
+// newPoller returns no poller.
+func newPoller() (*poller, error) { return nil, nil }
+
+func (*poller) run()             {}
+func (*poller) close()           {}
+func (*poller) add(*conn) uint64 { return 0 }
+func (*poller) remove(uint64)    {}
+func (*poller) arm(*direction, uint64) error {
+	return errors.ErrUnsupported
+}

@@ -92,6 +92,11 @@ type Config struct {
 	// HealthAddress is the host:port of the health, metrics and status
 	// server. If empty, no health server is started.
 	HealthAddress string
+	// Profiling serves Go's profiles (net/http/pprof) on the health
+	// server under /debug/pprof/, as Kubernetes components do with
+	// --profiling: CPU and heap profiles of a running proxy, for whoever
+	// can reach the health address (by default 127.0.0.1 only).
+	Profiling bool
 	// Listen creates the listeners. If nil, net.ListenConfig.Listen with
 	// SO_REUSEPORT on Linux (and SO_REUSEADDR, so a restarted proxy
 	// rebinds at once): a new proxy binds the addresses while the one it

@@ -105,13 +105,34 @@ func copyBenchRun(b *testing.B, op func() error) {
 // client connection through the proxy that has read the greeting.
 func copyBenchConn(b *testing.B, serve func(net.Conn)) net.Conn {
 	b.Helper()
+	up := benchUpstream(b, func(c net.Conn) {
+		if _, err := c.Write([]byte{'>'}); err == nil {
+			serve(c)
+		}
+	})
+	c, err := net.Dial("tcp", benchProxy(b, up))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	var greeting [1]byte
+	if _, err := io.ReadFull(c, greeting[:]); err != nil {
+		b.Fatal(errors.Join(errors.New("no greeting through the proxy"), err))
+	}
+	return c
+}
+
+// benchUpstream starts a server on loopback that runs serve for every
+// connection until the benchmark ends, and returns its address.
+func benchUpstream(b *testing.B, serve func(net.Conn)) string {
+	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var conns []net.Conn
+	conns := make(map[net.Conn]struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -121,21 +142,38 @@ func copyBenchConn(b *testing.B, serve func(net.Conn)) net.Conn {
 				return
 			}
 			mu.Lock()
-			conns = append(conns, c)
+			conns[c] = struct{}{}
 			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer c.Close()
-				if _, err := c.Write([]byte{'>'}); err == nil {
-					serve(c)
-				}
+				serve(c)
+				c.Close()
+				mu.Lock()
+				delete(conns, c)
+				mu.Unlock()
 			}()
 		}
 	}()
+	b.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
 
+// benchProxy runs a proxy in front of upstream with the proxy's defaults
+// (but no wait for open connections at shutdown) and no health probes,
+// until the benchmark ends, and returns its address.
+func benchProxy(b *testing.B, upstream string) string {
+	b.Helper()
 	p, err := localproxy.New(localproxy.Config{
-		Endpoints:       []string{ln.Addr().String()},
+		Endpoints:       []string{upstream},
 		ListenAddresses: []string{"127.0.0.1:0"},
 		// The benchmark's connections end with it.
 		ShutdownTimeout: -1,
@@ -146,29 +184,14 @@ func copyBenchConn(b *testing.B, serve func(net.Conn)) net.Conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
+	// Registered before the upstream's cleanup runs: cleanups run last
+	// first, so the proxy stops before the upstream closes.
 	b.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			b.Error(err)
 		}
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
 	})
 	<-p.Ready()
-
-	c, err := net.Dial("tcp", p.Addrs()[0].String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
-	var greeting [1]byte
-	if _, err := io.ReadFull(c, greeting[:]); err != nil {
-		b.Fatal(errors.Join(errors.New("no greeting through the proxy"), err))
-	}
-	return c
+	return p.Addrs()[0].String()
 }

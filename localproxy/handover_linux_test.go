@@ -35,7 +35,11 @@ func TestHandOverToSuccessor(t *testing.T) {
 			ListenAddresses: []string{addr},
 			HealthAddress:   health,
 			HandoverTimeout: 10 * time.Second,
-			Pool:            upstream.Config{Prober: newProber(), Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond, Rise: 1, Fall: 1},
+			// A probe timeout the race detector on a loaded machine does not
+			// reach: with one endpoint and Fall 1, a probe timing out marks
+			// it down, and its connections are closed (not the hand-over's
+			// doing).
+			Pool: upstream.Config{Prober: newProber(), Interval: 500 * time.Millisecond, Timeout: 500 * time.Millisecond, Rise: 1, Fall: 1},
 		}
 	}
 	old := start(t, cfg())

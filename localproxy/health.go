@@ -156,6 +156,9 @@ func (p *Proxy) newHealthServer() *http.Server {
 		enc.SetIndent("", "  ")
 		enc.Encode(p.Status())
 	})
+	if p.cfg.Profiling {
+		handleProfiling(mux)
+	}
 	return &http.Server{
 		Handler:           healthRequests(mux),
 		ReadHeaderTimeout: p.cfg.health.readHeaderTimeout,

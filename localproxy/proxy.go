@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/apifailover/apifailover/transport/endpoint"
@@ -44,6 +45,19 @@ type Proxy struct {
 	// zone learns the pool's zone from the Node's label; nil without
 	// Config.NodeName, or with Config.Pool.Zone.
 	zone *zoneLearner
+	// poll waits for data on idle connections (see direction); nil where
+	// there is none (not Linux), and then every copy waits on its own
+	// goroutine. Started by the first direction to park (parker), closed
+	// by Run once every connection is done.
+	poll     *poller
+	pollInit sync.Once
+	// pipes counts connections whose copies started and are not done;
+	// they outlive the goroutine of serve.
+	pipes sync.WaitGroup
+	// splicing counts the copies splicing now (MaxSplices).
+	splicing atomic.Int32
+	// bytesIn and bytesOut count the bytes copied each way.
+	bytesIn, bytesOut prometheus.Counter
 
 	ready   chan struct{} // closed once the listeners are bound
 	started atomic.Bool
@@ -103,6 +117,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localproxy: registering metrics: %w", err)
 	}
+	p.bytesIn, p.bytesOut = p.m.bytes.WithLabelValues("in"), p.m.bytes.WithLabelValues("out")
 	if cfg.FirstByteTimeout >= 0 {
 		p.fb = newFirstByteWatch(pool, endpoint.OrDefault(cfg.FirstByteTimeout, DefaultFirstByteTimeout), cfg.Logger)
 		p.fb.onSilent = p.m.silent.Inc
@@ -238,6 +253,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	loops.Wait()
 	p.upstreams.StopDrains()
 	p.drain(&handlers, stopConns)
+	p.closePoller()
 	cancel()
 	bg.Wait()
 	p.Prober().Close() // the pool's Run has returned
@@ -280,12 +296,40 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 	return lns, hln, nil
 }
 
+// parker returns the poller, started on first use, or nil if there is
+// none: the copies then wait on their own goroutines.
+func (p *Proxy) parker() *poller {
+	p.pollInit.Do(func() {
+		poll, err := newPoller()
+		if err != nil {
+			p.log.Error(err, "idle connections keep their goroutines: no poller")
+			return
+		}
+		if poll != nil {
+			p.poll = poll
+			go poll.run()
+		}
+	})
+	return p.poll
+}
+
+// closePoller stops the poller, if it was started, for good; Run calls it
+// once every connection is done.
+func (p *Proxy) closePoller() {
+	p.pollInit.Do(func() {})
+	if p.poll != nil {
+		p.poll.close()
+	}
+}
+
 // drain gives open connections up to ShutdownTimeout, then closes them and
-// waits for their goroutines.
+// waits until they are done.
 func (p *Proxy) drain(handlers *sync.WaitGroup, stopConns context.CancelFunc) {
 	done := make(chan struct{})
 	go func() {
 		handlers.Wait()
+		// Every serve has returned: no more pipes start.
+		p.pipes.Wait()
 		close(done)
 	}()
 	n := p.active.Load()

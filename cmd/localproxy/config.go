@@ -40,6 +40,7 @@ func (o *options) config() (localproxy.Config, error) {
 	cfg.Endpoints = b.endpoints()
 	l := b.listeners()
 	cfg.ListenAddresses, cfg.HealthAddress = l.addrs, l.health
+	cfg.Profiling = b.profiling
 	mode, modeOK := b.probeMode()
 	cfg.Pool = b.probeSchedule()
 	cfg.Origin = b.origin()

@@ -9,18 +9,20 @@ import (
 )
 
 // File descriptors localproxy needs: fdsPerConn per client connection
-// (the client's socket and the upstream's; a connection takes a kernel
-// pipe, two more, only while bytes are being spliced, and a splice that
-// finds no descriptor left copies through a buffer instead: the third is
-// room for a pipe on every other connection at once), and fdsReserve
-// besides: the health server's connections (one each, at most
-// localproxy.HealthMaxConnections; it closes more at once) and fdsOther
-// for listeners (a connection the health server is turning away
-// included), probes, discovery, the state file and the runtime.
+// (the client's socket and the upstream's; an idle connection holds
+// nothing else), and fdsReserve besides: the splice pipes (two
+// descriptors each, taken only while bulk data is spliced, by at most
+// localproxy.MaxSplices copies at once; Go keeps finished ones for reuse
+// until a garbage collection or two: fdsPipes), the health server's
+// connections (one each, at most localproxy.HealthMaxConnections; it
+// closes more at once) and fdsOther for listeners (a connection the
+// health server is turning away included), the poller of idle
+// connections, probes, discovery, the state file and the runtime.
 const (
-	fdsPerConn = 3
+	fdsPerConn = 2
+	fdsPipes   = 4 * localproxy.MaxSplices
 	fdsOther   = 96
-	fdsReserve = localproxy.HealthMaxConnections + fdsOther
+	fdsReserve = fdsPipes + localproxy.HealthMaxConnections + fdsOther
 )
 
 // fileLimit returns the process's file descriptor limit (RLIMIT_NOFILE;

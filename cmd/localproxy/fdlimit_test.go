@@ -21,14 +21,14 @@ func TestFileLimitError(t *testing.T) {
 	assert.NoError(t, main.FileLimitError(10000, unix.RLIM_INFINITY))
 	err := main.FileLimitError(10000, 1024)
 	require.Error(t, err)
-	for _, want := range []string{"--max-connections=10000", "30160 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 288"} {
+	for _, want := range []string{"--max-connections=10000", "20288 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 368"} {
 		assert.Contains(t, err.Error(), want)
 	}
-	assert.NoError(t, main.FileLimitError(288, 1024), "the suggested maximum fits")
-	assert.Error(t, main.FileLimitError(289, 1024))
-	assert.Equal(t, 288, main.MaxConnsFor(1024))
-	assert.Zero(t, main.MaxConnsFor(160), "the health server's connections and the rest fill the limit")
-	assert.Equal(t, 1, main.MaxConnsFor(163))
+	assert.NoError(t, main.FileLimitError(368, 1024), "the suggested maximum fits")
+	assert.Error(t, main.FileLimitError(369, 1024))
+	assert.Equal(t, 368, main.MaxConnsFor(1024))
+	assert.Zero(t, main.MaxConnsFor(289), "the splice pipes, the health server's connections and the rest fill the limit")
+	assert.Equal(t, 1, main.MaxConnsFor(290))
 }
 
 // The default --max-connections is lowered to what the file limit holds;

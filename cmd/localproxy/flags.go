@@ -34,6 +34,7 @@ type options struct {
 	healthTimeout       time.Duration
 	rise, fall          int
 	enableDiscovery     bool
+	profiling           bool
 	kubeconfig          string
 	stateFile           string
 	drainTimeout        time.Duration
@@ -125,6 +126,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.exportDebounce, "export-debounce", 0, "with --export-template, how long changes must pause before an export (default "+defaultExportDebounce.String()+")")
 	fs.DurationVar(&o.failbackSettle, "failback-settle", localproxy.DefaultFailbackSettle, "fail-back: how long a better API server (local, same zone, lower RTT tier) must have been healthy without a break before client connections on worse ones are closed, gradually, so that they reconnect to it; 0 turns fail-back off")
 	fs.Float64Var(&o.failbackRate, "failback-rate", localproxy.DefaultFailbackRate, "fail-back: most client connections closed per second (one at a time, oldest first, jittered; at most 1000); 0 turns fail-back off")
+	fs.BoolVar(&o.profiling, "profiling", false, "serve Go's CPU, heap and goroutine profiles (net/http/pprof) on the health address under /debug/pprof/")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "Usage: localproxy [flags]\n       localproxy status [--health-bind-address=IP] [--health-port=N] [--output=table|json]\n"+

@@ -320,6 +320,17 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, localproxy.DefaultMaxConnections, cfg.MaxConnections)
 		assert.Equal(t, localproxy.DefaultFirstByteTimeout, cfg.FirstByteTimeout)
 		assert.Equal(t, localproxy.DefaultHandoverTimeout, cfg.HandoverTimeout)
+		assert.False(t, cfg.Profiling, "profiles are served only when asked")
+	})
+	t.Run("profiling", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--profiling"}, env())
+		require.NoError(t, err)
+		assert.True(t, cfg.Profiling)
+		cfg, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_PROFILING", "true"))
+		require.NoError(t, err)
+		assert.True(t, cfg.Profiling)
+		_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_PROFILING", "sometimes"))
+		require.ErrorContains(t, err, "sometimes")
 	})
 	t.Run("handover timeout", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca}, env("LOCALPROXY_HANDOVER_TIMEOUT", "5s"))

@@ -168,8 +168,10 @@ func TestPercentile(t *testing.T) {
 func TestFillRatios(t *testing.T) {
 	rows := []OverheadRow{
 		{Op: opGetSeq, Path: pathDirect, P50ms: 2, P99ms: 4, PerSec: 500},
-		{Op: opGetSeq, Path: pathHAProxy, P50ms: 3, P99ms: 8, PerSec: 250},
+		{Op: opGetSeq, Path: pathHAProxy, P50ms: 3, P99ms: 8, PerSec: 250, ProxyCPUMicros: 40},
 		{Op: opList, Path: pathHAProxy, P50ms: 3}, // no direct row: no ratio
+		{Op: opGetSeq, Path: pathLocalProxy, P50ms: 3, ProxyCPUMicros: 50},
+		{Op: opList, Path: pathLocalProxy, P50ms: 3, ProxyCPUMicros: 50}, // no HAProxy CPU: no ratio
 	}
 	fillRatios(rows)
 	if r := rows[0]; r.P50Ratio != 1 || r.PerSecRatio != 1 {
@@ -180,6 +182,12 @@ func TestFillRatios(t *testing.T) {
 	}
 	if r := rows[2]; r.P50Ratio != 0 {
 		t.Errorf("ratio without a baseline = %v, want 0", r.P50Ratio)
+	}
+	if r := rows[3]; r.CPUVsHAProxy != 1.25 {
+		t.Errorf("CPU against HAProxy %v, want 1.25", r.CPUVsHAProxy)
+	}
+	if r := rows[4]; r.CPUVsHAProxy != 0 {
+		t.Errorf("CPU against HAProxy without its figure = %v, want 0", r.CPUVsHAProxy)
 	}
 }
 
@@ -228,14 +236,18 @@ func TestMarkdown(t *testing.T) {
 	down := 0.5
 	r := &Results{Date: "2026-01-02 03:04 UTC", Machine: "2 cores", Versions: map[string]string{"haproxy": "2.6"}}
 	r.Overhead.Config = overheadConfig{Rounds: 1, GetSeq: 10, GetConc: 10, Concurrency: 2, Lists: 1, ListObjects: 1, ListBytes: 1, NewConn: 1}
-	r.Overhead.Rows = []OverheadRow{{Op: opGetSeq, Path: pathHAProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 30}}
+	r.Overhead.Rows = []OverheadRow{
+		{Op: opGetSeq, Path: pathHAProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 30, CPUVsHAProxy: 1},
+		{Op: opGetSeq, Path: pathLocalProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 45, CPUVsHAProxy: 1.5},
+	}
 	r.Failover.Rows = []FailoverRow{
 		{Fault: "kill", Path: pathHAProxy, HasHealth: true, Observed: 11, Window: 90, MarkedDown: &down},
 		{Fault: "kill", Path: pathNginx, Observed: 11, Window: 90},
 		{Fault: "hang", Path: pathLocalProxy, Error: "localproxy exited | badly"},
 	}
 	wantLines(t, r.markdown(),
-		"| get-seq | haproxy | 1.50ms | 1.25× |", "30µs",
+		"| get-seq | haproxy | 1.50ms | 1.25× |", "30µs | 1.00× |",
+		"| get-seq | localproxy | 1.50ms | 1.25× |", "45µs | 1.50× |",
 		"| kill | haproxy | 0.50s | none in 11s |",
 		"| kill | nginx | n/a | none in 11s |",
 		"error: localproxy exited / badly",

@@ -87,6 +87,9 @@ type OverheadRow struct {
 	// request, their use at rest (IdleCPUms per second of the op's wall
 	// time) taken off; 0 for in-process paths.
 	ProxyCPUMicros float64 `json:"proxy_cpu_us_per_request,omitempty"`
+	// CPUVsHAProxy is ProxyCPUMicros against HAProxy's for the same op in
+	// the same run (0: unknown).
+	CPUVsHAProxy float64 `json:"proxy_cpu_vs_haproxy,omitempty"`
 	// IdleCPUms is the proxy's CPU use at rest: milliseconds per second.
 	IdleCPUms float64 `json:"proxy_idle_cpu_ms_per_s,omitempty"`
 	Error     string  `json:"error,omitempty"`
@@ -325,15 +328,20 @@ func summarize(op, path string, s sample) OverheadRow {
 }
 
 // fillRatios sets every row's ratios against the direct path's row of the
-// same op.
+// same op, and its proxy CPU against HAProxy's.
 func fillRatios(rows []OverheadRow) {
 	base := make(map[string]OverheadRow)
+	haproxy := make(map[string]float64)
 	for _, r := range rows {
-		if r.Path == pathDirect {
+		switch r.Path {
+		case pathDirect:
 			base[r.Op] = r
+		case pathHAProxy:
+			haproxy[r.Op] = r.ProxyCPUMicros
 		}
 	}
 	for i, r := range rows {
+		rows[i].CPUVsHAProxy = ratio(r.ProxyCPUMicros, haproxy[r.Op])
 		b, ok := base[r.Op]
 		if !ok {
 			continue

@@ -175,6 +175,8 @@ func localproxyArgs(servers []string, caFile, serverName, kubeconfig string) []s
 		// Close what is left at once when a run ends, so the next run can
 		// bind the port.
 		"--shutdown-timeout=0",
+		// Profiles of the overhead ops (profileLocalProxy).
+		"--profiling",
 	}
 	if kubeconfig != "" {
 		args = append(args, "--enable-discovery", "--kubeconfig="+kubeconfig)

@@ -96,8 +96,8 @@ func (r *Results) markdown() string {
 			w("Proxy CPU at rest: %s.", idle)
 			w("")
 		}
-		w("| op | path | p50 | p50 vs direct | p99 | p99 vs direct | req/s | req/s vs direct | proxy CPU/req |")
-		w("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+		w("| op | path | p50 | p50 vs direct | p99 | p99 vs direct | req/s | req/s vs direct | proxy CPU/req | vs haproxy |")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, o := range r.Overhead.Rows {
 			cpu := "-"
 			if o.ProxyCPUMicros > 0 {
@@ -107,8 +107,8 @@ func (r *Results) markdown() string {
 			if o.Error != "" {
 				errNote = " (" + o.Error + ")"
 			}
-			w("| %s | %s%s | %.2fms | %s | %.2fms | %s | %.0f | %s | %s |", o.Op, o.Path, errNote,
-				o.P50ms, fmtRatio(o.P50Ratio), o.P99ms, fmtRatio(o.P99Ratio), o.PerSec, fmtRatio(o.PerSecRatio), cpu)
+			w("| %s | %s%s | %.2fms | %s | %.2fms | %s | %.0f | %s | %s | %s |", o.Op, o.Path, errNote,
+				o.P50ms, fmtRatio(o.P50Ratio), o.P99ms, fmtRatio(o.P99Ratio), o.PerSec, fmtRatio(o.PerSecRatio), cpu, fmtRatio(o.CPUVsHAProxy))
 		}
 		w("")
 	}

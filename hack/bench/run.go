@@ -139,7 +139,7 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 
 	if !o.skipOverhead {
 		say("overhead: %s", strings.Join(paths, ", "))
-		rows, err := overhead(ctx, e, paths, o.overhead, say)
+		rows, err := overhead(ctx, e, paths, o.overhead, out, say)
 		res.Overhead.Config = o.overhead
 		res.Overhead.Rows = rows
 		failures = append(failures, drawCharts(say, func() ([]string, error) { return drawOverhead(out, rows) })...)
@@ -216,7 +216,7 @@ func run(ctx context.Context, o options, say func(string, ...any), stdout io.Wri
 
 // overhead starts every path side by side and measures the ops through
 // each.
-func overhead(ctx context.Context, e *env, paths []string, cfg overheadConfig, say func(string, ...any)) ([]OverheadRow, error) {
+func overhead(ctx context.Context, e *env, paths []string, cfg overheadConfig, out string, say func(string, ...any)) ([]OverheadRow, error) {
 	cs, err := e.bed.APIServers()[0].Clientset()
 	if err != nil {
 		return nil, err
@@ -258,7 +258,13 @@ func overhead(ctx context.Context, e *env, paths []string, cfg overheadConfig, s
 			say("  %s at rest: %.1fms CPU per second", c.path.name, c.idleRate*1000)
 		}
 	}
-	return measureOverhead(ctx, clients, cfg, say), nil
+	rows := measureOverhead(ctx, clients, cfg, say)
+	for _, c := range clients {
+		if c.path.name == pathLocalProxy {
+			profileLocalProxy(ctx, c, cfg, out, say)
+		}
+	}
+	return rows, nil
 }
 
 // machine describes where the benchmark ran.

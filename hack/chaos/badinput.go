@@ -17,8 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/apifailover/apifailover/localproxy"
 )
 
@@ -153,9 +151,8 @@ type BadInputReport struct {
 // badInput is the attack and its monitors.
 type badInput struct {
 	proxyAddr, healthAddr string
-	proxy                 *localproxy.Proxy
-	reg                   *prometheus.Registry
-	began                 time.Time // the load's start
+	lp                    *proxyHandle // every localproxy instance binds the same addresses
+	began                 time.Time    // the load's start
 	from, to              time.Time
 
 	open      atomic.Int64 // attack connections open now
@@ -173,8 +170,8 @@ type badInput struct {
 
 // startBadInput starts the monitors at once and the attack at from (both
 // relative to began), until to.
-func startBadInput(ctx context.Context, p *localproxy.Proxy, reg *prometheus.Registry, proxyAddr string, began time.Time, d time.Duration) *badInput {
-	b := &badInput{proxyAddr: proxyAddr, healthAddr: p.HealthAddr().String(), proxy: p, reg: reg, began: began,
+func startBadInput(ctx context.Context, lp *proxyHandle, proxyAddr string, began time.Time, d time.Duration) *badInput {
+	b := &badInput{proxyAddr: proxyAddr, healthAddr: lp.current().HealthAddr().String(), lp: lp, began: began,
 		from: began.Add(time.Duration(float64(d) * badInputFrom)), to: began.Add(time.Duration(float64(d) * badInputTo)),
 		attackEnd: make(chan struct{})}
 	b.rep = BadInputReport{Garbage: map[string]int{}, Oversized: map[string]int{}, HealthConnsCap: localproxy.HealthMaxConnections,
@@ -493,7 +490,7 @@ func (b *badInput) sample(ctx context.Context) {
 		// The attack's connections first: one opened between the reads
 		// counts in neither, one closed in between in both.
 		attackAll, attackProxy := b.open.Load(), b.openProxy.Load()
-		conns := b.proxy.Status().ActiveConnections
+		conns := b.lp.current().Status().ActiveConnections
 		fds, sockets, pipes := countFDKinds()
 		health := b.gauge("apifailover_localproxy_health_connections_active")
 		b.mu.Lock()
@@ -532,7 +529,7 @@ func (b *badInput) gauge(name string) float64 {
 // the value of label (all under "" if label is "").
 func (b *badInput) byLabel(name, label string) map[string]float64 {
 	out := map[string]float64{}
-	mfs, err := b.reg.Gather()
+	mfs, err := b.lp.registry().Gather()
 	if err != nil {
 		return out
 	}
@@ -589,7 +586,7 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 	b.mu.Unlock()
 	var after int64
 	for {
-		after = b.proxy.Status().ActiveConnections
+		after = b.lp.current().Status().ActiveConnections
 		if after <= before+releasedSlack || time.Since(ended) > releaseWithin || ctx.Err() != nil {
 			break
 		}

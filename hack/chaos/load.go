@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
-	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -110,11 +108,11 @@ func (l *load) describe() string {
 
 // startFaulted starts what runs with the faults: the EndpointSlice churn
 // and the bad input, and the CPU account.
-func (l *load) startFaulted(ctx context.Context, r *run, f *transport.Failover, p *localproxy.Proxy, reg *prometheus.Registry, plan []Step) {
+func (l *load) startFaulted(ctx context.Context, r *run, f *transport.Failover, lp *proxyHandle, plan []Step) {
 	l.cpuStart = takeCPU()
-	l.churn = startChurn(ctx, l.admin, r.bed, []pathPool{{pathTransport, f.Pool()}, {pathLocalProxy, p.Pool()}}, plan, r.began)
+	l.churn = startChurn(ctx, l.admin, r.bed, []pathPool{{pathTransport, f.Pool}, {pathLocalProxy, func() *upstream.Pool { return lp.current().Pool() }}}, plan, r.began)
 	listen := strings.TrimPrefix(r.bed.RESTConfig(testbed.LocalProxy).Host, "https://")
-	l.bad = startBadInput(ctx, p, reg, listen, r.began, r.opts.Duration)
+	l.bad = startBadInput(ctx, lp, listen, r.began, r.opts.Duration)
 }
 
 // finish stops the load, compares what it recorded and the caches with
@@ -208,16 +206,11 @@ func opIDs(ctx context.Context, cs kubernetes.Interface) (objects, duplicates in
 	return len(list.Items), duplicates, nil
 }
 
-// bedOnly passes on the pool events of the bed's apiservers (and those
-// of no address) to rec: the EndpointSlice churn's made-up addresses come
-// and go by the hundred.
-func bedOnly(bed *testbed.Bed, rec func(upstream.Event)) func(upstream.Event) {
-	real := map[string]bool{}
-	for _, s := range bed.APIServers() {
-		real[s.Addr()] = true
-	}
+// notMadeUp passes on the pool events but those of the EndpointSlice
+// churn's made-up addresses to rec: they come and go by the hundred.
+func notMadeUp(rec func(upstream.Event)) func(upstream.Event) {
 	return func(ev upstream.Event) {
-		if ev.Addr == "" || real[ev.Addr] {
+		if !madeUp(ev.Addr) {
 			rec(ev)
 		}
 	}

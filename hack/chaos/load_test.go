@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -122,6 +123,26 @@ func TestChurnSlices(t *testing.T) {
 	for at, want := range map[time.Duration]bool{49 * time.Second: false, 50 * time.Second: true, 79 * time.Second: true, 80 * time.Second: false} {
 		if got := c.paused(began.Add(at)); got != want {
 			t.Errorf("paused at %v = %v, want %v", at, got, want)
+		}
+	}
+}
+
+// Every address a churned slice holds is made up, the apiservers' are not.
+func TestMadeUp(t *testing.T) {
+	c := &churn{real: map[string]bool{"10.250.0.1:6443": true}}
+	for _, kind := range churnKinds {
+		for _, ep := range c.slice(kind, 1).Endpoints {
+			for _, a := range ep.Addresses {
+				addr := net.JoinHostPort(a, "6443")
+				if got, want := madeUp(addr), a != "10.250.0.1"; got != want {
+					t.Errorf("%s: madeUp(%s) = %v, want %v", kind, addr, got, want)
+				}
+			}
+		}
+	}
+	for _, addr := range []string{"10.250.0.4:6443", "control-plane.apifailover.test:6443", "[::1]:6443"} {
+		if madeUp(addr) {
+			t.Errorf("madeUp(%s) = true", addr)
 		}
 	}
 }

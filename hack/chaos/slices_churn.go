@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,10 +101,39 @@ type miss struct {
 	rv    string
 }
 
-// pathPool is a path's pool.
+// pathPool is a path's pool (localproxy's is that of its current
+// instance).
 type pathPool struct {
 	path string
-	pool *upstream.Pool
+	pool func() *upstream.Pool
+}
+
+// madeUp reports whether addr is one of the churn's made-up addresses.
+func madeUp(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if strings.HasSuffix(host, ".invalid") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	for _, p := range madeUpPrefixes {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// madeUpPrefixes hold the churn's made-up IP addresses.
+var madeUpPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("10.251.0.0/16"),
+	netip.MustParsePrefix("10.252.0.0/16"),
+	netip.MustParsePrefix("fd00::/16"),
 }
 
 // churn writes the slices and checks the pools.
@@ -307,7 +338,7 @@ func (c *churn) check(ctx context.Context) {
 	defer c.mu.Unlock()
 	c.rep.Checks++
 	for _, pp := range c.pools {
-		st := pp.pool.Status()
+		st := pp.pool().Status()
 		c.rep.MaxPool = max(c.rep.MaxPool, len(st))
 		discovered := map[string]bool{}
 		in := map[string]bool{}
@@ -317,7 +348,7 @@ func (c *churn) check(ctx context.Context) {
 			if s.Sources&upstream.SourceDiscovery != 0 {
 				discovered[s.Addr] = true
 			}
-			if !c.real[s.Addr] {
+			if madeUp(s.Addr) {
 				fake++
 			}
 		}
@@ -366,8 +397,8 @@ func (c *churn) finish(ctx context.Context) (SliceReport, []string) {
 	for {
 		leftover = 0
 		for _, pp := range c.pools {
-			for _, s := range pp.pool.Status() {
-				if !c.real[s.Addr] {
+			for _, s := range pp.pool().Status() {
+				if madeUp(s.Addr) {
 					leftover++
 				}
 			}

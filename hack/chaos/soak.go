@@ -21,18 +21,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/workload"
-	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport"
-	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // Options configure a soak.
@@ -111,6 +107,11 @@ type Summary struct {
 	TargetsMissed []string `json:"targets_missed"`
 	// Timeline is what timeline.svg draws (see WriteTimeline).
 	Timeline Timeline `json:"timeline"`
+	// Joins, CertFaults and Handovers are the figures of those faults
+	// (faults_*.go); what they break is among Violations.
+	Joins      []JoinReport   `json:"joins"`
+	CertFaults []CertReport   `json:"cert_faults"`
+	Handovers  HandoverReport `json:"handovers"`
 	// Load is the CRUD workers, the caches, the bad input, the
 	// EndpointSlice churn and the CPU (load.go).
 	Load LoadReport `json:"load"`
@@ -133,6 +134,9 @@ type run struct {
 	began time.Time
 	// events are the paths' pool events.
 	events eventLog
+	// faults holds what joins, certificate faults and hand-overs need
+	// and report.
+	faults faultState
 	// load is the load beyond the workloads (load.go), once it ran.
 	load *load
 }
@@ -323,6 +327,9 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		}
 	}
 	slices.Sort(s.TargetsMissed)
+	for _, v := range r.reportFaults(s, results, windows) {
+		violate("%s", v)
+	}
 
 	// Everything the soak started is stopped: back to the baseline.
 	g, fd := settledCounts(baseG, baseFD)
@@ -395,24 +402,25 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	}
 	defer f.Close()
 
-	// The localproxy path, in this process, as the e2e suite runs it.
-	reg := prometheus.NewRegistry()
-	p, stopProxy, err := startLocalProxy(ctx, bed, reg, log.WithName("localproxy"))
+	// The localproxy path, in this process, as the e2e suite runs it;
+	// a hand-over replaces the instance.
+	lp, err := r.startLocalProxy(ctx, log.WithName("localproxy"))
 	if err != nil {
 		return nil, nil, err
 	}
-	defer stopProxy()
+	defer lp.close()
+	r.faults.tr, r.faults.lp = f, lp
 	lcfg := bed.RESTConfig(testbed.LocalProxy)
 	lhc, err := rest.HTTPClientFor(lcfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer lhc.CloseIdleConnections()
-	if err := waitHealthy(ctx, func() bool { return p.Pool().Healthy() && f.Pool().Healthy() }); err != nil {
+	if err := waitHealthy(ctx, func() bool { return lp.current().Pool().Healthy() && f.Pool().Healthy() }); err != nil {
 		return nil, nil, err
 	}
-	defer f.Pool().Subscribe(bedOnly(bed, r.events.recorder(pathTransport)))()
-	defer p.Pool().Subscribe(bedOnly(bed, r.events.recorder(pathLocalProxy)))()
+	defer f.Pool().Subscribe(notMadeUp(r.events.recorder(pathTransport)))()
+	lp.subscribe(notMadeUp(r.events.recorder(pathLocalProxy)))
 
 	suffix := strconv.FormatInt(time.Now().Unix(), 36)
 	ws := map[string]*workload.Workload{}
@@ -458,7 +466,7 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 
 	// The schedule's clock starts now, with the load.
 	r.began = time.Now()
-	l.startFaulted(ctx, r, f, p, reg, plan)
+	l.startFaulted(ctx, r, f, lp, plan)
 	windows, err := r.inject(ctx, plan, r.began)
 	results := map[string]workload.Results{kubectlNS: {Gets: kl.wait()}}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopLimit)
@@ -500,6 +508,9 @@ func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]windo
 		if err != nil {
 			return windows, fmt.Errorf("%v: %w", st, err)
 		}
+		if st.Kind == Join {
+			w.server = r.faults.lastJoined()
+		}
 		if err := wait(st.End()); err != nil {
 			return windows, err
 		}
@@ -515,13 +526,18 @@ func (r *run) inject(ctx context.Context, plan []Step, began time.Time) ([]windo
 
 // fault injects st's fault and returns what lifts it.
 func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) (func() error, error) {
-	if st.Kind == AllDown {
+	switch st.Kind {
+	case AllDown:
 		for _, s := range servers {
 			if err := s.Kill(); err != nil {
 				return nil, err
 			}
 		}
 		return func() error { return r.bed.Heal(ctx) }, nil
+	case Join:
+		return r.join(ctx)
+	case Handover:
+		return r.handover(ctx)
 	}
 	s := servers[st.Server]
 	restore := s.Restore
@@ -545,6 +561,8 @@ func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) 
 	case Graceful:
 		err = s.Terminate()
 		restore = func() error { return s.Restart(ctx) }
+	case MisnamedCert, NotYetValidCert:
+		return r.certFault(ctx, st, s)
 	default:
 		err = fmt.Errorf("unknown fault %q", st.Kind)
 	}
@@ -566,19 +584,6 @@ func classify(rq workload.Request, windows []window) (class string, kind Kind) {
 		class, kind = classFault, w.kind
 	}
 	return class, kind
-}
-
-// startLocalProxy runs a localproxy in this process in front of the bed's
-// apiservers on the bed's LocalProxy address: held probes verified with
-// the bed's CA, discovery through the proxy as the localproxy identity.
-func startLocalProxy(ctx context.Context, bed *testbed.Bed, reg *prometheus.Registry, log logr.Logger) (*localproxy.Proxy, func(), error) {
-	listen := strings.TrimPrefix(bed.RESTConfig(testbed.LocalProxy).Host, "https://")
-	cfg, err := bed.LocalProxyConfig(listen, "127.0.0.1:0", endpoint.ProbeHeld)
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg.Registry, cfg.Logger = reg, log
-	return testbed.RunLocalProxy(ctx, cfg)
 }
 
 func waitHealthy(ctx context.Context, ok func() bool) error {

@@ -128,6 +128,11 @@ func (r *run) timeline(results map[string]workload.Results, windows []window) Ti
 	for i, s := range r.bed.APIServers() {
 		index[s.Addr()] = i
 	}
+	r.faults.mu.Lock()
+	for _, s := range r.faults.joined {
+		index[s.Addr()] = s.Index() - 1
+	}
+	r.faults.mu.Unlock()
 	r.events.mu.Lock()
 	defer r.events.mu.Unlock()
 	for _, e := range r.events.events {
@@ -159,7 +164,7 @@ func WriteTimeline(s *Summary, path string) error {
 		To:     s.Duration,
 	}
 	for _, f := range s.Timeline.Faults {
-		tl.Bands = append(tl.Bands, plots.Band{From: f.From, To: f.To, Kind: string(f.Kind), Label: string(f.Kind) + " " + serverName(f.Server)})
+		tl.Bands = append(tl.Bands, plots.Band{From: f.From, To: f.To, Kind: colourGroup(f.Kind), Label: string(f.Kind) + " " + faultTarget(f.Kind, f.Server)})
 	}
 	paths := make([]string, 0, len(s.Timeline.PerSecond))
 	for p := range s.Timeline.PerSecond {
@@ -226,6 +231,33 @@ func pathWhat(p string) string {
 		return "kubectl get through localproxy, once a second"
 	}
 	return p
+}
+
+// faultTarget names what a fault hit: an apiserver (a joined one too),
+// every one, or localproxy.
+func faultTarget(k Kind, server int) string {
+	switch {
+	case k == Handover:
+		return "localproxy"
+	case k == Join && server < 0:
+		return "a new apiserver"
+	}
+	return serverName(server)
+}
+
+// colourGroup is the colour of a fault's band: one per group of kinds,
+// since the bands have eight colours (hack/plots) and the schedule twelve
+// kinds; the label tells the kinds of a group apart.
+func colourGroup(k Kind) string {
+	switch k {
+	case Kill, Graceful:
+		return "stopped"
+	case Blackhole, Reject, Lossy:
+		return "network"
+	case MisnamedCert, NotYetValidCert:
+		return "certificate"
+	}
+	return string(k) // hang, slow, all-down, join, handover
 }
 
 func serverName(i int) string {

@@ -75,7 +75,12 @@ func TestWriteTimeline(t *testing.T) {
 	labels := map[string]int{}
 	for _, f := range s.Timeline.Faults {
 		target := fmt.Sprintf("apiserver-%d", f.Server+1)
-		if f.Server < 0 {
+		switch {
+		case f.Kind == chaos.Handover:
+			target = "localproxy"
+		case f.Kind == chaos.Join && f.Server < 0:
+			target = "a new apiserver"
+		case f.Server < 0:
 			target = "every apiserver"
 		}
 		labels[string(f.Kind)+" "+target]++

@@ -93,12 +93,22 @@ func NewDiscoverer(client kubernetes.Interface, pool *upstream.Pool, opts Discov
 
 // Run watches EndpointSlices until ctx is done (relisting after a 410,
 // backing off with jitter after errors); when listing them is forbidden it
-// polls the Endpoints object instead, for SliceRetryInterval at a time.
+// polls the Endpoints object instead, for SliceRetryInterval at a time,
+// or, when listing them worked before, for a backoff from a second up to
+// SliceRetryInterval.
 func (d *Discoverer) Run(ctx context.Context) {
 	b := Backoff{Min: minBackoff, Max: maxBackoff}
 	fallback := false // whether the last list of slices was forbidden
+	// worked: listing slices worked before. A 403 then is likely an
+	// apiserver that has just started and is not authorizing yet (or an
+	// RBAC change): slices are tried again after forbidden's backoff,
+	// seconds at first, SliceRetryInterval once it has lasted.
+	worked := false
+	forbidden := Backoff{Min: minBackoff, Max: d.opts.SliceRetryInterval}
 	for ctx.Err() == nil {
 		err := d.watchSlices(ctx, func() {
+			worked = true
+			forbidden.Reset()
 			if fallback {
 				d.log.Info("listing EndpointSlices works again; watching them instead of polling the kubernetes Endpoints")
 				fallback = false
@@ -111,6 +121,9 @@ func (d *Discoverer) Run(ctx context.Context) {
 			d.log.V(1).Info("EndpointSlice watch expired; listing again", "err", err.Error())
 		case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
 			retry := Jitter(d.opts.SliceRetryInterval)
+			if worked {
+				retry = forbidden.Next()
+			}
 			if !fallback {
 				d.log.Info("cannot list EndpointSlices; polling the kubernetes Endpoints instead", "err", err.Error(), "retrySlicesIn", retry)
 			} else {

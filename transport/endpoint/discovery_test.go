@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -210,6 +211,57 @@ func TestDiscoveryRetriesEndpointSlicesAfterForbidden(t *testing.T) {
 		require.NoError(t, err)
 		synctest.Wait()
 		assert.Equal(t, []string{"10.0.0.2:6443"}, discovered(pool))
+	})
+}
+
+// An apiserver that has just started may answer 403 before its
+// authorizer has synced. When listing EndpointSlices worked before, a 403
+// is retried within seconds (backing off towards SliceRetryInterval while
+// it lasts), not after SliceRetryInterval of polling the Endpoints, which
+// lags up to PollInterval behind every change for 5 minutes.
+func TestDiscoveryForbiddenAfterSlicesWorkedRetriesSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1", "10.0.0.2"), kubeEndpoints([]string{"10.0.0.1"}, nil))
+		var forbidden atomic.Bool
+		forbidSlices(cs, &forbidden)
+		var w atomic.Pointer[watch.FakeWatcher]
+		cs.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+			if forbidden.Load() {
+				return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", errors.New("RBAC: access denied"))
+			}
+			fw := watch.NewFake()
+			w.Store(fw)
+			return true, fw, nil
+		})
+		pool := newDiscoveryPool(t)
+		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{PollInterval: 10 * time.Second})
+		synctest.Wait()
+		require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool), "from the slices")
+
+		// The apiserver serving the watch restarts; the one that answers
+		// the next list is not authorizing yet.
+		forbidden.Store(true)
+		w.Load().Stop()
+		synctest.Wait()
+		require.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "from the Endpoints fallback")
+
+		forbidden.Store(false) // its authorizer synced
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool), "EndpointSlices are listed again within seconds")
+
+		// A 403 that lasts backs off to SliceRetryInterval: few lists.
+		var lists atomic.Int32
+		cs.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+			lists.Add(1)
+			return false, nil, nil
+		})
+		forbidden.Store(true)
+		w.Load().Stop()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		assert.Less(t, lists.Load(), int32(25), "a lasting 403 is retried every SliceRetryInterval (5m), after a few quicker tries")
+		assert.Greater(t, lists.Load(), int32(8))
 	})
 }
 

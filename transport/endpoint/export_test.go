@@ -76,3 +76,10 @@ func HeldIdle(quiet time.Duration, probes []time.Duration, now time.Duration) bo
 	}
 	return h.idle(start.Add(now), quiet)
 }
+
+// Awake reports whether addr's held PING loop of p runs at its busy
+// interval, so that Wake sends it nothing.
+func Awake(p *Prober, addr string) bool {
+	h, err := p.held.get(addr)
+	return err == nil && h.awake.Load()
+}

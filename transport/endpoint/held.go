@@ -120,8 +120,11 @@ func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
 // any, and the reconnect backoff.
 type heldEndpoint struct {
 	addr string
-	// wake tells the PING loop that the endpoint may be in use now.
-	wake chan struct{}
+	// wake tells the PING loop that the endpoint may be in use now;
+	// awake says the loop runs at its busy interval, so Wake sends
+	// nothing (see pingLoop.awake).
+	wake  chan struct{}
+	awake atomic.Bool
 	// probing serializes the endpoint's probes.
 	probing sync.Mutex
 
@@ -562,7 +565,8 @@ func (p *Prober) watchHeld(c *heldConn) {
 	}
 	if busy != nil {
 		l.busy = func() bool { return busy(addr) }
-		l.wake = c.h.wake
+		l.wake, l.awake = c.h.wake, &c.h.awake
+		defer c.h.awake.Store(false)
 	}
 	if p.InUse != nil {
 		l.inUse = func() bool { return p.InUse(addr) }
@@ -611,8 +615,14 @@ type pingLoop struct {
 	wake <-chan struct{}
 	// idle: the loop waits idleInterval; last: when the last PING went.
 	idle bool
-	last time.Time
-	ping func(context.Context) error
+	// awake, if set, is true while the loop is not idle: a request's
+	// Wake would tell it nothing, so it sends nothing, and the loop's
+	// goroutine is not scheduled once per request. next sets it false
+	// before it asks busy, and Wake asks it after the request was sent:
+	// either the loop sees the request or the Wake sees the loop idle.
+	awake *atomic.Bool
+	last  time.Time
+	ping  func(context.Context) error
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
 	lostErr func() error
@@ -655,6 +665,7 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 		case <-l.wake:
 			if l.idle {
 				l.idle = false
+				l.setAwake(true)
 				t.Reset(max(l.interval-time.Since(l.last), 0))
 			}
 			continue
@@ -676,9 +687,18 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	}
 }
 
-// next is the wait until the next PING; it sets idle.
+// setAwake sets awake, if the loop has one.
+func (l *pingLoop) setAwake(v bool) {
+	if l.awake != nil {
+		l.awake.Store(v)
+	}
+}
+
+// next is the wait until the next PING; it sets idle and awake.
 func (l *pingLoop) next() time.Duration {
+	l.setAwake(false)
 	l.idle = l.busy != nil && !l.busy()
+	l.setAwake(!l.idle)
 	switch {
 	case !l.idle:
 		return spread(l.interval)
@@ -803,7 +823,7 @@ func (p *Prober) Wake(addr string) {
 	p.held.mu.Lock()
 	h := p.held.eps[addr]
 	p.held.mu.Unlock()
-	if h == nil {
+	if h == nil || h.awake.Load() {
 		return
 	}
 	select {

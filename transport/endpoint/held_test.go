@@ -697,3 +697,31 @@ func TestHeldIdleLimit(t *testing.T) {
 		})
 	}
 }
+
+// Every request Wakes its endpoint's held channel; while the endpoint is
+// busy its PING loop already runs at the busy interval, so the wake is
+// not sent: the loop's goroutine is not scheduled once per request.
+func TestHeldWakeSkippedWhileBusy(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	p := heldProber(t, pki, newReporter())
+	var busy atomic.Bool
+	busy.Store(true)
+	p.Busy = func(string) bool { return busy.Load() }
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	// The loop has started and found the endpoint busy.
+	time.Sleep(300 * time.Millisecond)
+	for i := range 200 {
+		p.Wake(s.addr)
+		require.False(t, endpoint.Woken(p, s.addr), "wake %d was sent to a loop that runs at the busy interval", i)
+	}
+	// Idle: the loop waits the idle interval (5s); a request makes the
+	// endpoint busy and its wake brings the loop back to the busy
+	// interval at once.
+	busy.Store(false)
+	time.Sleep(300 * time.Millisecond)
+	require.False(t, endpoint.Awake(p, s.addr), "an idle loop must be woken")
+	busy.Store(true)
+	p.Wake(s.addr)
+	assert.Eventually(t, func() bool { return endpoint.Awake(p, s.addr) }, time.Second, 5*time.Millisecond, "the wake did not reach the idle loop")
+}
