@@ -54,9 +54,9 @@ const (
 	// apiserver the kubernetes slice lists Ready, the slice unchanged: a
 	// watch broken by a fault comes back after its backoff (up to 30s),
 	// and a discovery that fell back to polling the kubernetes Endpoints
-	// (localproxy's does for 5 minutes after its slice watch was
-	// forbidden once, which a restarting apiserver answers) reads it every
-	// 10s; each with a request of up to 10s.
+	// (after a 403 to its slice watch, which a restarting apiserver
+	// answers until its authorizer has synced) reads it every 10s; each
+	// with a request of up to 10s.
 	discoveryLag = 45 * time.Second
 )
 
