@@ -69,6 +69,7 @@ type proxyHandle struct {
 // proxyInstance is one localproxy run in this process.
 type proxyInstance struct {
 	p            *localproxy.Proxy
+	reg          *prometheus.Registry // its metrics
 	stop         func()
 	n            int
 	unsubscribes []func()
@@ -112,7 +113,7 @@ func (h *proxyHandle) launch(ctx context.Context) (*proxyInstance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("localproxy instance %d: %w", n, err)
 	}
-	return &proxyInstance{p: p, stop: stop, n: n}, nil
+	return &proxyInstance{p: p, reg: cfg.Registry, stop: stop, n: n}, nil
 }
 
 // current is the instance that serves now.
@@ -120,6 +121,13 @@ func (h *proxyHandle) current() *localproxy.Proxy {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.cur.p
+}
+
+// registry is the current instance's metrics registry.
+func (h *proxyHandle) registry() *prometheus.Registry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cur.reg
 }
 
 // subscribe makes fn a subscriber of the current instance's pool and of

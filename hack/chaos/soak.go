@@ -52,8 +52,10 @@ const (
 	classFault      = "fault-window"
 	classAllDown    = "all-down"
 	classUnexplain  = "unexplained"
-	failoverGrace   = 3 * time.Second  // after a fault is lifted, its failures may still end
-	workloadsPerWay = 2                // workloads per path
+	failoverGrace   = 3 * time.Second // after a fault is lifted, its failures may still end
+	workloadsPerWay = 2               // workloads per path
+	workloadWrite   = 100 * time.Millisecond
+	workloadGet     = 50 * time.Millisecond
 	leakSlack       = 10               // goroutines or fds above baseline tolerated
 	minSuccess      = 0.999            // outside the all-down phase
 	stopLimit       = 60 * time.Second // for the informers to see the last creates
@@ -110,6 +112,9 @@ type Summary struct {
 	Joins      []JoinReport   `json:"joins"`
 	CertFaults []CertReport   `json:"cert_faults"`
 	Handovers  HandoverReport `json:"handovers"`
+	// Load is the CRUD workers, the caches, the bad input, the
+	// EndpointSlice churn and the CPU (load.go).
+	Load LoadReport `json:"load"`
 }
 
 // window is a fault as it happened.
@@ -132,6 +137,8 @@ type run struct {
 	// faults holds what joins, certificate faults and hand-overs need
 	// and report.
 	faults faultState
+	// load is the load beyond the workloads (load.go), once it ran.
+	load *load
 }
 
 // Run runs a soak and returns its summary; the error says which
@@ -193,8 +200,43 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	allDown := 0
 	var total, failed int
 	pathTotal, pathFailed := map[string]int{}, map[string]int{}
+	// tally counts name's requests by path and classifies its failures.
+	tally := func(name string, res workload.Results) {
+		path := name[:strings.IndexByte(name, '-')]
+		for _, rq := range slices.Concat(res.Gets, res.Writes) {
+			total++
+			s.ByPath[path]++
+			if rq.OK() {
+				pathTotal[path]++
+				continue
+			}
+			c, kind := classify(rq, windows)
+			s.Failures[c]++
+			switch c {
+			case classAllDown:
+				allDown++
+				continue
+			case classFault:
+				key := string(kind) + "/" + path
+				if s.FailuresByFault[key]++; s.FailureSamples[key] == "" {
+					s.FailureSamples[key] = rq.Err.Error()
+				}
+			case classUnexplain:
+				r.say("unexplained failure on %s: %s..%s: %v", name, rq.Start.Format("15:04:05.000"), rq.End.Format("15:04:05.000"), rq.Err)
+			}
+			failed++
+			pathTotal[path]++
+			pathFailed[path]++
+		}
+	}
 	for name, res := range results {
 		ns := name
+		if res.Synced.IsZero() {
+			// No informer (kubectl, the CRUD workers): nothing seen to
+			// compare; the workers' objects are checked in load.go.
+			tally(name, res)
+			continue
+		}
 		list, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("listing %s: %w", ns, err)
@@ -250,32 +292,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		s.AckedMissing += acked
 		s.Duplicates += len(res.Duplicates())
 		s.Relists += res.Relists()
-		path := name[:strings.IndexByte(name, '-')]
-		for _, rq := range slices.Concat(res.Gets, res.Writes) {
-			total++
-			s.ByPath[path]++
-			if rq.OK() {
-				pathTotal[path]++
-				continue
-			}
-			c, kind := classify(rq, windows)
-			s.Failures[c]++
-			switch c {
-			case classAllDown:
-				allDown++
-				continue
-			case classFault:
-				key := string(kind) + "/" + path
-				if s.FailuresByFault[key]++; s.FailureSamples[key] == "" {
-					s.FailureSamples[key] = rq.Err.Error()
-				}
-			case classUnexplain:
-				r.say("unexplained failure on %s: %s..%s: %v", name, rq.Start.Format("15:04:05.000"), rq.End.Format("15:04:05.000"), rq.Err)
-			}
-			failed++
-			pathTotal[path]++
-			pathFailed[path]++
-		}
+		tally(name, res)
 	}
 	s.Operations = total
 	if n := total - allDown; n > 0 {
@@ -337,6 +354,19 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if s.SecretsInLogs > 0 {
 		violate("a bearer token of the test bed appears %d times in the logs", s.SecretsInLogs)
 	}
+	if r.load != nil {
+		s.Load = r.load.report
+		s.Load.OperationIDs, s.Load.DuplicateOperationIDs, err = opIDs(ctx, cs)
+		if err != nil {
+			return nil, err
+		}
+		if s.Load.DuplicateOperationIDs > 0 {
+			violate("%d operation ids labelled more than one object", s.Load.DuplicateOperationIDs)
+		}
+		for _, v := range r.load.violations {
+			violate("%s", v)
+		}
+	}
 	s.Violations = violations
 	if err := WriteTimeline(s, filepath.Join(opts.Out, "timeline.svg")); err != nil {
 		return nil, err
@@ -389,8 +419,8 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	if err := waitHealthy(ctx, func() bool { return lp.current().Pool().Healthy() && f.Pool().Healthy() }); err != nil {
 		return nil, nil, err
 	}
-	defer f.Pool().Subscribe(r.events.recorder(pathTransport))()
-	lp.subscribe(r.events.recorder(pathLocalProxy))
+	defer f.Pool().Subscribe(notMadeUp(r.events.recorder(pathTransport)))()
+	lp.subscribe(notMadeUp(r.events.recorder(pathLocalProxy)))
 
 	suffix := strconv.FormatInt(time.Now().Unix(), 36)
 	ws := map[string]*workload.Workload{}
@@ -402,7 +432,8 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 		}{{pathTransport, f.Config(), f.HTTPClient()}, {pathLocalProxy, lcfg, lhc}} {
 			name := fmt.Sprintf("%s-%d-%s", way.name, i+1, suffix)
 			w, err := workload.Start(ctx, workload.Config{
-				RESTConfig: way.cfg, HTTPClient: way.hc, Namespace: name, GenerateName: true,
+				RESTConfig: way.cfg, HTTPClient: way.hc, Namespace: name, GenerateName: true, OpIDPrefix: name + "-",
+				WriteInterval: workloadWrite, GetInterval: workloadGet,
 			})
 			if err != nil {
 				for _, w := range ws {
@@ -413,25 +444,38 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 			ws[name] = w
 		}
 	}
+	l, err := r.startLoad(ctx, f, map[string]clientPath{pathTransport: {f.Config(), f.HTTPClient()}, pathLocalProxy: {lcfg, lhc}}, log, suffix)
+	if err != nil {
+		for _, w := range ws {
+			w.Stop(ctx)
+		}
+		return nil, nil, fmt.Errorf("load: %w", err)
+	}
+	r.load = l
 	kubectlNS := fmt.Sprintf("%s-1-%s", pathKubectl, suffix)
 	kl, err := r.startKubectl(ctx, kubectlNS)
 	if err != nil {
 		for _, w := range ws {
 			w.Stop(ctx)
 		}
+		l.finish(ctx)
 		return nil, nil, fmt.Errorf("kubectl loop: %w", err)
 	}
-	r.say("load: %d workloads (%d through transport.Wrap, %d through localproxy), each an informer, a generateName create every 100ms and a GET every 50ms; kubectl get through localproxy every %s",
-		len(ws), workloadsPerWay, workloadsPerWay, kubectlEvery)
+	r.say("load: %d workloads (%d through transport.Wrap, %d through localproxy), each an informer, a generateName create every %s and a GET every %s; kubectl get through localproxy every %s; %s",
+		len(ws), workloadsPerWay, workloadsPerWay, workloadWrite, workloadGet, kubectlEvery, l.describe())
 
 	// The schedule's clock starts now, with the load.
 	r.began = time.Now()
+	l.startFaulted(ctx, r, f, lp, plan)
 	windows, err := r.inject(ctx, plan, r.began)
 	results := map[string]workload.Results{kubectlNS: {Gets: kl.wait()}}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopLimit)
 	defer cancel()
 	for name, w := range ws {
 		results[name] = w.Stop(stopCtx)
+	}
+	for path, res := range l.finish(stopCtx) {
+		results[fmt.Sprintf("%s-workers-%s", path, suffix)] = res
 	}
 	if err != nil {
 		return nil, nil, err

@@ -55,6 +55,12 @@ const (
 	// SeqLabel holds the create's sequence number: one logical create, one
 	// label value, so duplicates can be counted.
 	SeqLabel = "workload.apifailover.io/seq"
+	// OpLabel holds the create's operation id, Config.OpIDPrefix followed
+	// by the sequence number, when OpIDPrefix is set: unique across every
+	// workload that shares the prefix's scheme (a soak's), so that one
+	// listing of every namespace tells a logical create that made two
+	// objects apart from two creates.
+	OpLabel = "workload.apifailover.io/op"
 )
 
 // Defaults for Config fields left zero.
@@ -82,6 +88,11 @@ type Config struct {
 	// instead of a name: the create is not idempotent, each logical create
 	// is told apart by its SeqLabel.
 	GenerateName bool
+	// OpIDPrefix, if set, labels every create OpLabel=OpIDPrefix+Seq. The
+	// caller makes it unique among its workloads (and short enough for a
+	// label value: at most 63 characters with the number). If empty, no
+	// OpLabel.
+	OpIDPrefix string
 	// WriteInterval is the time between the starts of two creates (a slow
 	// create delays the next one). If zero, DefaultWriteInterval (100ms).
 	// If negative, no writer.
@@ -306,6 +317,9 @@ func (w *Workload) create(ctx context.Context, seq int) {
 			SeqLabel:    strconv.Itoa(seq),
 		}},
 		Data: map[string]string{"seq": strconv.Itoa(seq)},
+	}
+	if w.cfg.OpIDPrefix != "" {
+		cm.Labels[OpLabel] = w.cfg.OpIDPrefix + strconv.Itoa(seq)
 	}
 	name := fmt.Sprintf("%s-%d", w.cfg.Prefix, seq)
 	if w.cfg.GenerateName {
