@@ -53,12 +53,11 @@ const (
 	badInputFrom   = 0.15 // of the soak's duration
 	badInputTo     = 0.75
 	slowlorisProxy = 200
-	// slowlorisHealth stays below localproxy.HealthMaxConnections (64):
-	// a local process that holds every slot of the health server's cap
-	// takes its answers from kubelet's probes too, by design (the cap
-	// keeps the proxy's descriptors for its clients); below it, the
-	// probes must still be answered.
-	slowlorisHealth = 48
+	// slowlorisHealth is beyond localproxy.HealthMaxConnections (64):
+	// each new connection at the cap takes the slot of the one longest
+	// without a request in progress, so the slowloris clients evict each
+	// other and kubelet's probes must still be answered.
+	slowlorisHealth = 200
 	slowlorisEvery  = 3 * time.Second
 	garbageEvery    = 250 * time.Millisecond
 	oversizedEvery  = 2 * time.Second
@@ -120,10 +119,14 @@ type BadInputReport struct {
 	// holdoff come from the faults, the all-down phase above all).
 	ProxyRejected map[string]float64 `json:"proxy_rejected"`
 	// Health connections (its gauge) and those it closed at once as its
-	// cap (HealthMaxConnections) was reached.
+	// cap (HealthMaxConnections) was reached with every slot serving a
+	// request.
 	HealthConnsMax float64 `json:"health_conns_max"`
 	HealthConnsCap int     `json:"health_conns_cap"`
 	HealthRejected float64 `json:"health_rejected"`
+	// HealthEvicted: connections it closed to make room for a new one
+	// (evicted_total): the slowloris clients' above all.
+	HealthEvicted float64 `json:"health_evicted"`
 	// This process's descriptors: sockets and all of them, whose peak
 	// includes the kernel pipes of splices under way and those the
 	// runtime pools (closed when collected). SocketsExcess is the most
@@ -603,6 +606,7 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 	r.SlowlorisOpened, r.SlowlorisHealthOpened, r.MaxAttackConns = b.opened.Load(), b.openedH.Load(), b.maxOpen.Load()
 	r.ProxyRejected = b.byLabel("apifailover_localproxy_connections_rejected_total", "reason")
 	r.HealthRejected = b.gauge("apifailover_localproxy_health_connections_rejected_total")
+	r.HealthEvicted = b.gauge("apifailover_localproxy_health_connections_evicted_total")
 	// Bounds: beyond the attack's connections open at the moment, the
 	// proxy holds at most the load's (loadConns); this process's sockets
 	// grow by three per attack connection to the listen address and two

@@ -224,9 +224,9 @@ func pathRank(p string) int {
 func pathWhat(p string) string {
 	switch p {
 	case pathTransport:
-		return "transport.Wrap, 2 workloads"
+		return "transport.Wrap, 2 workloads and 10 CRUD workers"
 	case pathLocalProxy:
-		return "localproxy, 2 workloads"
+		return "localproxy, 2 workloads and 10 CRUD workers"
 	case pathKubectl:
 		return "kubectl get through localproxy, once a second"
 	}
