@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -500,7 +499,7 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 	if conn {
 		connect = func() error {
 			for _, f := range fs {
-				if _, err := costGet(f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
+				if _, err := getBody(context.Background(), f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
 					return fmt.Errorf("GET /version: %w", err)
 				}
 			}
@@ -628,7 +627,7 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 			var bad []string
 			for i := range procs {
 				var st localproxy.Status
-				body, err := costGet(&client, "http://127.0.0.1:"+strconv.Itoa(costLocalProxyHealthPortBase+i)+"/status")
+				body, err := getBody(context.Background(), &client, "http://127.0.0.1:"+strconv.Itoa(costLocalProxyHealthPortBase+i)+"/status")
 				if err == nil {
 					err = json.Unmarshal(body, &st)
 				}
@@ -672,18 +671,6 @@ func costLocalProxyArgs(servers []string, caFile, serverName, kubeconfig string,
 		"--probe=" + mode,
 		"--shutdown-timeout=0",
 	}
-}
-
-func costGet(c *http.Client, url string) ([]byte, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s", resp.Status)
-	}
-	return io.ReadAll(resp.Body)
 }
 
 func costPids(procs []*proc) []int {
@@ -798,7 +785,7 @@ func (c *costConns) open(e *env, hosts []string) error {
 			return err
 		}
 		c.clients = append(c.clients, hc)
-		if _, err := costGet(hc, h+"/version"); err != nil {
+		if _, err := getBody(context.Background(), hc, h+"/version"); err != nil {
 			return fmt.Errorf("GET %s/version: %w", h, err)
 		}
 	}

@@ -369,11 +369,21 @@ func round(v float64, digits int) float64 {
 // measureOverhead runs every op on every path, interleaved: each round
 // runs a share of every op on every path, in an order rotated per round,
 // so that drift on a shared machine spreads over all paths alike.
+// round runs one round of every op through oc (that op's count over
+// cfg.Rounds requests; no new connections where oc cannot open them) and
+// gives each op's sample to got.
+func (oc *overheadClient) round(ctx context.Context, cfg overheadConfig, got func(op string, s sample)) {
+	for _, op := range overheadOps {
+		if op == opNewConn && oc.getNewConn == nil {
+			continue
+		}
+		got(op, oc.run(ctx, op, opCount(cfg, op)/cfg.Rounds, cfg.Concurrency))
+	}
+}
+
 func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overheadConfig, say func(string, ...any)) []OverheadRow {
-	ops := []string{opGetSeq, opGetConc, opList, opNewConn}
-	count := map[string]int{opGetSeq: cfg.GetSeq, opGetConc: cfg.GetConc, opList: cfg.Lists, opNewConn: cfg.NewConn}
 	acc := make(map[string]map[string]*sample) // op -> path -> samples
-	for _, op := range ops {
+	for _, op := range overheadOps {
 		acc[op] = make(map[string]*sample)
 		for _, c := range clients {
 			acc[op][c.path.name] = &sample{}
@@ -388,18 +398,12 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 		began := time.Now()
 		for i := range clients {
 			c := clients[(i+round)%len(clients)]
-			for _, op := range ops {
-				if op == opNewConn && c.getNewConn == nil {
-					continue
-				}
-				n := count[op] / cfg.Rounds
-				acc[op][c.path.name].add(c.run(ctx, op, n, cfg.Concurrency))
-			}
+			c.round(ctx, cfg, func(op string, got sample) { acc[op][c.path.name].add(got) })
 		}
 		say("  overhead round %d/%d done in %s", round+1, cfg.Rounds, time.Since(began).Round(time.Millisecond))
 	}
 	var rows []OverheadRow
-	for _, op := range ops {
+	for _, op := range overheadOps {
 		for _, c := range clients {
 			s := acc[op][c.path.name]
 			if op == opNewConn && c.getNewConn == nil {

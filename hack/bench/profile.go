@@ -32,14 +32,7 @@ func profileLocalProxy(ctx context.Context, c *overheadClient, cfg overheadConfi
 	base := "http://127.0.0.1:" + strconv.Itoa(localproxyHealthPort) + "/debug/pprof/"
 	// How long a round takes: one timed round of every op first.
 	began := time.Now()
-	round := func() {
-		for _, op := range []string{opGetSeq, opGetConc, opList, opNewConn} {
-			if op == opNewConn && c.getNewConn == nil {
-				continue
-			}
-			c.run(ctx, op, opCount(cfg, op)/max(cfg.Rounds, 1), cfg.Concurrency)
-		}
-	}
+	round := func() { c.round(ctx, cfg, func(string, sample) {}) }
 	round()
 	secs := max(int(math.Ceil(time.Since(began).Seconds())), minProfileSeconds)
 	type result struct {
@@ -48,7 +41,7 @@ func profileLocalProxy(ctx context.Context, c *overheadClient, cfg overheadConfi
 	}
 	done := make(chan result, 1)
 	go func() {
-		b, err := fetch(ctx, base+"profile?seconds="+strconv.Itoa(secs), time.Duration(secs+30)*time.Second)
+		b, err := getBody(ctx, &http.Client{Timeout: time.Duration(secs+30) * time.Second}, base+"profile?seconds="+strconv.Itoa(secs))
 		done <- result{b, err}
 	}()
 	// Until the profile ends: it began as the request arrived.
@@ -68,9 +61,13 @@ func profileLocalProxy(ctx context.Context, c *overheadClient, cfg overheadConfi
 		say("  localproxy profile: %s (go tool pprof -top %s)", filepath.Join(out, name), filepath.Join(out, name))
 	}
 	write(localproxyCPUProfile, r.body, r.err)
-	b, err := fetch(ctx, base+"heap", 30*time.Second)
+	b, err := getBody(ctx, &http.Client{Timeout: 30 * time.Second}, base+"heap")
 	write(localproxyHeapProfile, b, err)
 }
+
+// overheadOps are the overhead measurement's ops, in the order each
+// round runs them.
+var overheadOps = []string{opGetSeq, opGetConc, opList, opNewConn}
 
 // opCount is how many requests of op the overhead measurement sends per
 // path.
@@ -88,15 +85,13 @@ func opCount(cfg overheadConfig, op string) int {
 	return 0
 }
 
-// fetch GETs url and returns its body, an error unless 200.
-func fetch(ctx context.Context, url string, timeout time.Duration) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+// getBody GETs url with c and returns its body, an error unless 200.
+func getBody(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}
