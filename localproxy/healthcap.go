@@ -131,7 +131,7 @@ func (l *capListener) oldestWithoutRequest() *cappedConn {
 	defer l.mu.Unlock()
 	var victim *cappedConn
 	for c := range l.conns {
-		if c.busy.Load() || c.closed.Load() {
+		if c.busy.Load() {
 			continue
 		}
 		if victim == nil || c.since.Load() < victim.since.Load() {
@@ -187,15 +187,13 @@ func (l *capListener) note(msg string, client net.Addr) {
 // in progress; since: when it was accepted or last went idle.
 type cappedConn struct {
 	net.Conn
-	l      *capListener
-	busy   atomic.Bool
-	since  atomic.Int64
-	closed atomic.Bool
-	once   sync.Once
+	l     *capListener
+	busy  atomic.Bool
+	since atomic.Int64
+	once  sync.Once
 }
 
 func (c *cappedConn) Close() error {
-	c.closed.Store(true)
 	err := c.Conn.Close()
 	c.once.Do(func() { c.l.release(c) })
 	return err

@@ -41,7 +41,12 @@ func TestCapListenerEvictsTheOldestWithoutARequest(t *testing.T) {
 		require.NoError(t, err)
 		return sc.(*cappedConn)
 	}
-	closed := func(c *cappedConn) bool { return c.closed.Load() }
+	closed := func(c *cappedConn) bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		_, open := l.conns[c]
+		return !open
+	}
 
 	a, b, c := accept(), accept(), accept()
 	l.connState(a, http.StateActive) // serving a request
