@@ -31,7 +31,6 @@ func longer(h http.HandlerFunc, def float64) http.HandlerFunc {
 			sec = def
 		}
 		sec = min(sec, 24*3600) // no overflow below
-
 		d := time.Duration(sec*float64(time.Second)) + healthWriteTimeout
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
 		h(w, r.WithContext(context.WithValue(r.Context(), http.ServerContextKey, &http.Server{})))
