@@ -26,9 +26,9 @@ import (
 // update with its resourceVersion: the workers of a path race for it, so
 // conflicts happen); delete it, with its UID as precondition, unless it is
 // one of every keepEvery, which stays for the informers to hold. Every
-// request is sent once (MaxRetries(0)), with requestTimeout, as the
-// workloads' are. A conflict (409) is a correct answer: counted, not a
-// failure.
+// write is sent once (MaxRetries(0)) and every GET with client-go's
+// retries (getRetries), with requestTimeout, as the workloads' are. A
+// conflict (409) is a correct answer: counted, not a failure.
 const (
 	workersPerPath = 10
 	workerCycle    = 2 * time.Second
@@ -90,11 +90,13 @@ type workerSet struct {
 }
 
 // coreREST returns a core/v1 REST client on cfg and hc, without
-// client-side rate limiting.
+// client-side rate limiting, counting attempts (workload.WithAttempts).
 func coreREST(cfg *rest.Config, hc *http.Client) (rest.Interface, error) {
 	rc := rest.CopyConfig(cfg)
 	rc.QPS, rc.Burst = -1, 0
-	cs, err := kubernetes.NewForConfigAndClient(rc, hc)
+	counted := *hc
+	counted.Transport = workload.CountAttempts(hc.Transport)
+	cs, err := kubernetes.NewForConfigAndClient(rc, &counted)
 	if err != nil {
 		return nil, err
 	}
@@ -177,11 +179,12 @@ func (w *worker) run(ctx context.Context, delay time.Duration) {
 // a conflict is recorded as answered. It returns whether the load was
 // stopped (then nothing is recorded), and the error.
 func (w *worker) do(ctx context.Context, write bool, req func(context.Context) error) (bool, error) {
-	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	actx, attempts := workload.WithAttempts(ctx)
+	rctx, cancel := context.WithTimeout(actx, requestTimeout)
 	defer cancel()
 	rq := workload.Request{Start: time.Now()}
 	err := req(rctx)
-	rq.End = time.Now()
+	rq.End, rq.Attempts = time.Now(), attempts()
 	if err != nil && ctx.Err() != nil {
 		return true, err
 	}
@@ -227,7 +230,7 @@ func (w *worker) cycle(ctx context.Context, n int) {
 	// Read it back: an acknowledged create must be there.
 	var got corev1.ConfigMap
 	stopped, err = w.do(ctx, false, func(ctx context.Context) error {
-		return w.rest.Get().Namespace(w.ns).Resource("configmaps").Name(name).MaxRetries(0).Do(ctx).Into(&got)
+		return w.rest.Get().Namespace(w.ns).Resource("configmaps").Name(name).MaxRetries(getRetries).Do(ctx).Into(&got)
 	})
 	if stopped {
 		return
@@ -288,7 +291,7 @@ func (w *worker) cycle(ctx context.Context, n int) {
 func (w *worker) incrementCounter(ctx context.Context) bool {
 	var c corev1.ConfigMap
 	stopped, err := w.do(ctx, false, func(ctx context.Context) error {
-		return w.rest.Get().Namespace(w.ns).Resource("configmaps").Name(counterName).MaxRetries(0).Do(ctx).Into(&c)
+		return w.rest.Get().Namespace(w.ns).Resource("configmaps").Name(counterName).MaxRetries(getRetries).Do(ctx).Into(&c)
 	})
 	if stopped || err != nil {
 		return stopped

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -56,10 +57,30 @@ const (
 	workloadsPerWay = 2               // workloads per path
 	workloadWrite   = 100 * time.Millisecond
 	workloadGet     = 50 * time.Millisecond
-	leakSlack       = 10               // goroutines or fds above baseline tolerated
-	minSuccess      = 0.999            // outside the all-down phase
-	stopLimit       = 60 * time.Second // for the informers to see the last creates
+	leakSlack       = 10    // goroutines or fds above baseline tolerated
+	minSuccess      = 0.999 // outside the all-down phase
+	// successEnforcedFrom: a soak this long or longer fails on a path
+	// below minSuccess; a shorter one reports it (TargetsMissed). Over
+	// 2 minutes a path's ratio rests on about 7 faults and 10,000
+	// requests, so one fault on the apiserver it uses decides it: 20%
+	// packet loss there gets it counted down, and the writes in flight on
+	// the connections cut then (a dozen) fail, as an L4 proxy cannot
+	// replay them. 10 minutes hold about 50 faults.
+	successEnforcedFrom = 10 * time.Minute
+	// getRetries is client-go's default rest.Request.MaxRetries, which
+	// kubelet's, kubectl's and controllers' GETs have: a GET cut in flight
+	// (a path closing the connection to a server it counted down, which
+	// an L4 proxy cannot replay) is sent again after 1s within its
+	// deadline. Writes are sent once. Summary.RetriedGets counts them.
+	getRetries = 10
+	stopLimit  = 60 * time.Second // for the informers to see the last creates
 )
+
+// Retried counts the GETs of a path that client-go sent again.
+type Retried struct {
+	GETs     int `json:"gets"`
+	Answered int `json:"answered"`
+}
 
 // Summary is the soak's result, written to summary.json.
 type Summary struct {
@@ -100,10 +121,16 @@ type Summary struct {
 	ByPath           map[string]int `json:"operations_by_path"`
 	// SuccessByPath is SuccessRatio per path.
 	SuccessByPath map[string]float64 `json:"success_ratio_by_path"`
+	// RetriedGets is, by path, the GETs client-go sent more than once
+	// (getRetries) and how many of them were answered in the end: each
+	// is a try that failed on a connection error, which the success
+	// ratios do not show.
+	RetriedGets map[string]Retried `json:"retried_gets"`
 	// Violations are the invariants that failed: the soak fails.
 	Violations []string `json:"violations"`
-	// TargetsMissed are targets not met (the success ratio): reported,
-	// the soak does not fail on them.
+	// TargetsMissed are the paths below the success target in a soak
+	// shorter than successEnforcedFrom: reported, the soak does not fail
+	// on them (a longer one does: Violations).
 	TargetsMissed []string `json:"targets_missed"`
 	// Timeline is what timeline.svg draws (see WriteTimeline).
 	Timeline Timeline `json:"timeline"`
@@ -175,7 +202,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	baseG, baseFD := runtime.NumGoroutine(), countFDs()
 
 	s := &Summary{Seed: opts.Seed, Duration: opts.Duration.Seconds(), Schedule: plan, Replay: replay,
-		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, FailureSamples: map[string]string{}, ByPath: map[string]int{}}
+		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, FailureSamples: map[string]string{}, ByPath: map[string]int{}, RetriedGets: map[string]Retried{}}
 	var violations []string
 	violate := func(format string, args ...any) {
 		v := fmt.Sprintf(format, args...)
@@ -203,6 +230,16 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	// tally counts name's requests by path and classifies its failures.
 	tally := func(name string, res workload.Results) {
 		path := name[:strings.IndexByte(name, '-')]
+		for _, rq := range res.Gets {
+			if rq.Attempts > 1 {
+				rt := s.RetriedGets[path]
+				rt.GETs++
+				if rq.OK() {
+					rt.Answered++
+				}
+				s.RetriedGets[path] = rt
+			}
+		}
 		for _, rq := range slices.Concat(res.Gets, res.Writes) {
 			total++
 			s.ByPath[path]++
@@ -317,16 +354,19 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if n := s.Failures[classUnexplain]; n > 0 {
 		violate("%d failures outside every fault window", n)
 	}
-	// The success target is reported, not enforced: see README, "Chaos
-	// soak".
-	for path, ratio := range s.SuccessByPath {
-		if ratio < minSuccess {
-			miss := fmt.Sprintf("%s: success ratio %.5f below the target %.3f (all-down phase excluded; fault-window failures %v)", path, ratio, minSuccess, s.FailuresByFault)
-			s.TargetsMissed = append(s.TargetsMissed, miss)
-			r.say("TARGET MISSED: %s", miss)
+	for _, path := range slices.Sorted(maps.Keys(s.SuccessByPath)) {
+		ratio := s.SuccessByPath[path]
+		if ratio >= minSuccess {
+			continue
 		}
+		miss := fmt.Sprintf("%s: success ratio %.5f below the target %.3f (all-down phase excluded; fault-window failures %v)", path, ratio, minSuccess, s.FailuresByFault)
+		if opts.Duration >= successEnforcedFrom {
+			violate("%s", miss)
+			continue
+		}
+		s.TargetsMissed = append(s.TargetsMissed, miss)
+		r.say("TARGET MISSED (not enforced below %s): %s", successEnforcedFrom, miss)
 	}
-	slices.Sort(s.TargetsMissed)
 	for _, v := range r.reportFaults(s, results, windows) {
 		violate("%s", v)
 	}
@@ -379,7 +419,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		return nil, err
 	}
 	r.say("failures in fault windows by fault and path: %v; first errors: %q", s.FailuresByFault, s.FailureSamples)
-	r.say("success by path (all-down phase excluded): %v", s.SuccessByPath)
+	r.say("success by path (all-down phase excluded): %v; GETs client-go sent again (answered in the end): %v", s.SuccessByPath, s.RetriedGets)
 	r.say("%d operations (%v), failures %v, success %.5f; lost %d, phantoms %d, duplicates %d, acked missing %d, relists %d; leaked goroutines %d, fds %d; max RSS %d MiB; secrets in logs %d",
 		s.Operations, s.ByPath, s.Failures, s.SuccessRatio, s.EventsLost, s.Phantoms, s.Duplicates, s.AckedMissing, s.Relists,
 		s.LeakedGoroutines, s.LeakedFDs, s.MaxRSSBytes>>20, s.SecretsInLogs)
@@ -433,7 +473,7 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 			name := fmt.Sprintf("%s-%d-%s", way.name, i+1, suffix)
 			w, err := workload.Start(ctx, workload.Config{
 				RESTConfig: way.cfg, HTTPClient: way.hc, Namespace: name, GenerateName: true, OpIDPrefix: name + "-",
-				WriteInterval: workloadWrite, GetInterval: workloadGet,
+				WriteInterval: workloadWrite, GetInterval: workloadGet, GetRetries: getRetries,
 			})
 			if err != nil {
 				for _, w := range ws {

@@ -92,6 +92,9 @@ type Request struct {
 	// client does not report it). With transport.Wrap it is the apiserver
 	// that answered; through a local proxy, the proxy.
 	Endpoint string
+	// Attempts is how often the request was sent (client-go's retries,
+	// Config.GetRetries, make it more than 1); 0 if it was not counted.
+	Attempts int
 	// Err is nil on success.
 	Err error
 }

@@ -15,10 +15,11 @@
 //     on its own so a hung request does not stop the clock;
 //   - a sampler of Config.Serving, the apiserver serving the client now.
 //
-// Each create and GET is sent once (rest.Request.MaxRetries(0)): client-go
-// by itself retries GETs after connection resets and EOFs and retries any
-// verb answered 429 or 5xx with Retry-After (up to 10 times, for a POST
-// too), which would hide the behaviour of the client under test and could
+// Each create is sent once (rest.Request.MaxRetries(0)), and so is each
+// GET unless Config.GetRetries says otherwise: client-go by itself
+// retries GETs after connection resets and EOFs and retries any verb
+// answered 429 or 5xx with Retry-After (up to 10 times, for a POST too),
+// which would hide the behaviour of the client under test and could
 // itself create a GenerateName object twice. Client-side rate limiting is
 // off, so the rates are the configured ones.
 //
@@ -106,6 +107,12 @@ type Config struct {
 	// in Results.SkippedGets. If zero, DefaultMaxInFlightGets (64: a 3 s stall
 	// at the default rate).
 	MaxInFlightGets int
+	// GetRetries is how often client-go may send a GET again
+	// (rest.Request.MaxRetries) after a connection error or a 429 or 5xx
+	// with Retry-After, within RequestTimeout: 0 sends each GET once, as
+	// a failover scenario measures; 10 is client-go's default, what
+	// kubelet and controllers have. Request.Attempts counts the tries.
+	GetRetries int
 	// RequestTimeout bounds each create and GET. If zero,
 	// DefaultRequestTimeout (10s).
 	RequestTimeout time.Duration
@@ -329,7 +336,8 @@ func (w *Workload) create(ctx context.Context, seq int) {
 		cm.Name = name
 	}
 	var ep endpointRecorder
-	rctx, cancel := context.WithTimeout(ep.trace(ctx), w.cfg.RequestTimeout)
+	actx, attempts := WithAttempts(ep.trace(ctx))
+	rctx, cancel := context.WithTimeout(actx, w.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
 	var out corev1.ConfigMap
@@ -341,7 +349,7 @@ func (w *Workload) create(ctx context.Context, seq int) {
 	if ctx.Err() != nil && err != nil {
 		return // stopped: not a failure of the client under test
 	}
-	w.finish(KindWrite, Request{Seq: seq, Name: name, Start: start, Endpoint: ep.get(), Err: err})
+	w.finish(KindWrite, Request{Seq: seq, Name: name, Start: start, Endpoint: ep.get(), Attempts: attempts(), Err: err})
 }
 
 // getLoop starts one GET per GetInterval, each on its own goroutine.
@@ -373,17 +381,18 @@ func (w *Workload) getLoop(ctx context.Context) {
 func (w *Workload) get(ctx context.Context, wg *sync.WaitGroup) {
 	defer wg.Done()
 	var ep endpointRecorder
-	rctx, cancel := context.WithTimeout(ep.trace(ctx), w.cfg.RequestTimeout)
+	actx, attempts := WithAttempts(ep.trace(ctx))
+	rctx, cancel := context.WithTimeout(actx, w.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
-	err := w.rest.Get().Resource("namespaces").Name(w.cfg.Namespace).MaxRetries(0).Do(rctx).Error()
+	err := w.rest.Get().Resource("namespaces").Name(w.cfg.Namespace).MaxRetries(w.cfg.GetRetries).Do(rctx).Error()
 	w.mu.Lock()
 	w.getsInFly--
 	w.mu.Unlock()
 	if ctx.Err() != nil && err != nil {
 		return // stopped
 	}
-	w.finish(KindGet, Request{Start: start, Endpoint: ep.get(), Err: err})
+	w.finish(KindGet, Request{Start: start, Endpoint: ep.get(), Attempts: attempts(), Err: err})
 }
 
 // finish records a finished request.
@@ -539,6 +548,7 @@ type countingRoundTripper struct {
 
 // RoundTrip implements http.RoundTripper.
 func (c *countingRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	countAttempt(req)
 	if req.Method != http.MethodGet || strings.TrimSuffix(req.URL.Path, "/") != c.w.cmPath {
 		return c.next.RoundTrip(req)
 	}
