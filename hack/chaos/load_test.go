@@ -153,3 +153,19 @@ func TestCPUFields(t *testing.T) {
 		t.Errorf("takeCPU() = %+v: want this process's CPU and the machine's", s)
 	}
 }
+
+// The success target fails a soak of successEnforcedFrom or longer and is
+// only reported by a shorter one; paths at or above it are not named.
+func TestSuccessMisses(t *testing.T) {
+	byPath := map[string]float64{pathTransport: 0.9997, pathLocalProxy: 0.9988, "kubectl": 1}
+	misses, enforced := successMisses(byPath, 2*time.Minute)
+	if len(misses) != 1 || !strings.HasPrefix(misses[0], "localproxy: success ratio 0.99880 below the target 0.999") || enforced {
+		t.Errorf("2 minutes: misses %q, enforced %v; want localproxy's, reported only", misses, enforced)
+	}
+	if _, enforced := successMisses(byPath, successEnforcedFrom); !enforced {
+		t.Error("a soak of successEnforcedFrom must fail on a miss")
+	}
+	if misses, _ := successMisses(map[string]float64{pathLocalProxy: minSuccess}, 10*time.Minute); len(misses) != 0 {
+		t.Errorf("a path at the target is not a miss: %q", misses)
+	}
+}

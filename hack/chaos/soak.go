@@ -354,13 +354,10 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if n := s.Failures[classUnexplain]; n > 0 {
 		violate("%d failures outside every fault window", n)
 	}
-	for _, path := range slices.Sorted(maps.Keys(s.SuccessByPath)) {
-		ratio := s.SuccessByPath[path]
-		if ratio >= minSuccess {
-			continue
-		}
-		miss := fmt.Sprintf("%s: success ratio %.5f below the target %.3f (all-down phase excluded; fault-window failures %v)", path, ratio, minSuccess, s.FailuresByFault)
-		if opts.Duration >= successEnforcedFrom {
+	misses, enforced := successMisses(s.SuccessByPath, opts.Duration)
+	for _, miss := range misses {
+		miss += fmt.Sprintf(" (all-down phase excluded; fault-window failures %v)", s.FailuresByFault)
+		if enforced {
 			violate("%s", miss)
 			continue
 		}
@@ -607,6 +604,18 @@ func (r *run) fault(ctx context.Context, st Step, servers []*testbed.APIServer) 
 		err = fmt.Errorf("unknown fault %q", st.Kind)
 	}
 	return restore, err
+}
+
+// successMisses returns, by path in order, the success ratios below
+// minSuccess, and whether a soak of duration d fails on them
+// (successEnforcedFrom).
+func successMisses(byPath map[string]float64, d time.Duration) (misses []string, enforced bool) {
+	for _, path := range slices.Sorted(maps.Keys(byPath)) {
+		if ratio := byPath[path]; ratio < minSuccess {
+			misses = append(misses, fmt.Sprintf("%s: success ratio %.5f below the target %.3f", path, ratio, minSuccess))
+		}
+	}
+	return misses, d >= successEnforcedFrom
 }
 
 // classify says why a failed request failed: it overlapped the all-down
