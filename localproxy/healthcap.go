@@ -49,6 +49,15 @@ const (
 	// healthRejectLogEvery: rejected connections are logged at most
 	// this often, with how many since the last line.
 	healthRejectLogEvery = time.Minute
+	// healthUnreadWait: at the cap, when no open connection can give
+	// its slot but some are ones the server has not got to yet (see
+	// capListener), Accept waits this long at most for it to, then
+	// closes the new connection. The server gets to a connection in
+	// microseconds, milliseconds on a loaded machine; meanwhile new
+	// clients wait in the listen backlog. A quarter of kubelet's
+	// default probe timeout of 1s: a probe kept waiting this long is
+	// still answered in time.
+	healthUnreadWait = 250 * time.Millisecond
 )
 
 // healthLimits are the health server's limits that tests change
@@ -68,18 +77,41 @@ func (l *healthLimits) setDefaults() {
 // it would wait, and a client with it, for as long as the connections
 // before it stay. A connection beyond the cap takes the slot of the one
 // that went longest without a request in progress (new and not yet through
-// its request headers, or idle between requests; see connState): one that
+// its request headers, or idle between requests; see connState) among
+// those the server waits on, in a Read, for the client's bytes: one that
 // only holds a slot, trickling its headers (slowloris) or sitting idle,
 // loses it to the next client, kubelet's probe included. When every slot
 // serves a request, the new connection is closed at once.
+//
+// A connection the server has not read from yet (its goroutine has not
+// run: a loaded machine), or is parsing what it read, keeps its slot: its
+// client may have sent its request already, and a burst of max new
+// connections within that moment would otherwise close it (a kubelet
+// probe, cut as a slowloris attack began). When such connections are all
+// that could give a slot, Accept waits for the server to get to one, up
+// to healthUnreadWait, and then closes the new connection.
+//
+// That protection lasts as long as the server's own delay, which clients
+// do not control: opening connections faster does not keep an attacker's
+// from being taken, it only makes the server busier. A grace period
+// from the accept (every new connection keeps its slot for, say,
+// 250ms) would also protect a client slow to send its request, but the
+// attacker's connections too: more than max new connections per grace
+// period (256/s at 250ms, cheap for a local process) keep every slot
+// young, and each new connection, probes included, is closed at once; a
+// single burst of max or more closes every probe of the next 250ms.
+// What remains: a client that has sent nothing by the time the server
+// waits on its connection is told from an idle one by nothing, and loses
+// its slot to the max-th new connection after it, as before.
 type capListener struct {
 	net.Listener
-	max      int64
-	open     atomic.Int64 // connections returned by Accept and not yet closed
-	active   prometheus.Gauge
-	rejected prometheus.Counter
-	evicted  prometheus.Counter
-	log      logr.Logger
+	max        int64
+	unreadWait time.Duration // healthUnreadWait; tests change it
+	open       atomic.Int64  // connections returned by Accept and not yet closed
+	active     prometheus.Gauge
+	rejected   prometheus.Counter
+	evicted    prometheus.Counter
+	log        logr.Logger
 
 	mu        sync.Mutex // guards the fields below
 	conns     map[*cappedConn]struct{}
@@ -88,31 +120,26 @@ type capListener struct {
 }
 
 func newCapListener(ln net.Listener, max int, active prometheus.Gauge, rejected, evicted prometheus.Counter, log logr.Logger) *capListener {
-	return &capListener{Listener: ln, max: int64(max), active: active, rejected: rejected, evicted: evicted, log: log,
+	return &capListener{Listener: ln, max: int64(max), unreadWait: healthUnreadWait,
+		active: active, rejected: rejected, evicted: evicted, log: log,
 		conns: make(map[*cappedConn]struct{})}
 }
 
 // Accept returns the next connection, making room for it at the cap by
-// closing the open one that went longest without a request in progress,
-// and closing it instead when every open one has a request in progress.
+// closing the open one that went longest without a request in progress
+// (see capListener), and closing it instead when there is none.
 func (l *capListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) > l.max {
-			victim := l.oldestWithoutRequest()
-			if victim == nil {
-				l.open.Add(-1)
-				c.Close()
-				l.rejected.Inc()
-				l.note("health server full, every connection serving a request; closing new connection", c.RemoteAddr())
-				continue
-			}
-			victim.Close() // gives its slot back
-			l.evicted.Inc()
-			l.note("health server full; closing the connection longest without a request", victim.RemoteAddr())
+		if l.open.Add(1) > l.max && !l.makeRoom() {
+			l.open.Add(-1)
+			c.Close()
+			l.rejected.Inc()
+			l.note("health server full, every connection serving a request or not read yet; closing new connection", c.RemoteAddr())
+			continue
 		}
 		l.active.Inc()
 		cc := &cappedConn{Conn: c, l: l}
@@ -124,21 +151,50 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
+// makeRoom closes the connection whose slot a new one takes at the cap,
+// waiting up to unreadWait for the server to get to one it has not read
+// yet, and reports whether there is room now.
+func (l *capListener) makeRoom() bool {
+	deadline := time.Now().Add(l.unreadWait)
+	for {
+		victim, unread := l.oldestWithoutRequest()
+		if victim != nil {
+			victim.Close() // gives its slot back
+			l.evicted.Inc()
+			l.note("health server full; closing the connection longest without a request", victim.RemoteAddr())
+			return true
+		}
+		if !unread || !time.Now().Before(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+		if l.open.Load() <= l.max { // one closed meanwhile
+			return true
+		}
+	}
+}
+
 // oldestWithoutRequest returns the open connection without a request in
-// progress whose state is oldest, nil if every one has one.
-func (l *capListener) oldestWithoutRequest() *cappedConn {
+// progress that the server waits in a Read on whose state is oldest, nil
+// if there is none, and whether some connection without a request in
+// progress is one the server has not got to (not read from yet, or
+// parsing what it read).
+func (l *capListener) oldestWithoutRequest() (victim *cappedConn, unread bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var victim *cappedConn
 	for c := range l.conns {
 		if c.busy.Load() {
+			continue
+		}
+		if !c.reading.Load() {
+			unread = true
 			continue
 		}
 		if victim == nil || c.since.Load() < victim.since.Load() {
 			victim = c
 		}
 	}
-	return victim
+	return victim, unread
 }
 
 // connState is the health server's http.Server.ConnState: a connection
@@ -184,13 +240,24 @@ func (l *capListener) note(msg string, client net.Addr) {
 }
 
 // cappedConn gives its slot back when closed (once). busy: a request is
-// in progress; since: when it was accepted or last went idle.
+// in progress; since: when it was accepted or last went idle; reading:
+// the server waits in a Read on it for the client's bytes (false from
+// the accept until the server's first Read, and while the server parses
+// what a Read returned).
 type cappedConn struct {
 	net.Conn
-	l     *capListener
-	busy  atomic.Bool
-	since atomic.Int64
-	once  sync.Once
+	l       *capListener
+	busy    atomic.Bool
+	since   atomic.Int64
+	reading atomic.Bool
+	once    sync.Once
+}
+
+func (c *cappedConn) Read(b []byte) (int, error) {
+	c.reading.Store(true)
+	n, err := c.Conn.Read(b)
+	c.reading.Store(false)
+	return n, err
 }
 
 func (c *cappedConn) Close() error {

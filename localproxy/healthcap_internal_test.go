@@ -13,39 +13,106 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// At its cap the health listener closes, for each new connection, the
-// one that went longest without a request in progress (new, or idle
-// between requests); connections serving a request keep their slot, and
-// when every one does, the new connection is closed instead.
-func TestCapListenerEvictsTheOldestWithoutARequest(t *testing.T) {
+// capTest is a capListener over real TCP connections, with the client
+// ends the test dialled.
+type capTest struct {
+	t                 *testing.T
+	inner             net.Listener
+	l                 *capListener
+	rejected, evicted prometheus.Counter
+	clients           []net.Conn
+}
+
+func newCapTest(t *testing.T, max int) *capTest {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	ct := &capTest{t: t, inner: inner,
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "rejected"}),
+		evicted:  prometheus.NewCounter(prometheus.CounterOpts{Name: "evicted"}),
+	}
 	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "active"})
-	rejected := prometheus.NewCounter(prometheus.CounterOpts{Name: "rejected"})
-	evicted := prometheus.NewCounter(prometheus.CounterOpts{Name: "evicted"})
-	l := newCapListener(inner, 3, gauge, rejected, evicted, logr.Discard())
-	t.Cleanup(func() { l.Close() })
-
-	var clients []net.Conn
+	ct.l = newCapListener(inner, max, gauge, ct.rejected, ct.evicted, logr.Discard())
 	t.Cleanup(func() {
-		for _, c := range clients {
+		ct.l.Close()
+		for _, c := range ct.clients {
 			c.Close()
 		}
 	})
+	return ct
+}
+
+// dial opens a client connection, which Accept has yet to take.
+func (ct *capTest) dial() net.Conn {
+	ct.t.Helper()
+	c, err := net.Dial("tcp", ct.inner.Addr().String())
+	require.NoError(ct.t, err)
+	ct.clients = append(ct.clients, c)
+	return c
+}
+
+// accept dials and accepts a connection, which the server has not read
+// from.
+func (ct *capTest) accept() *cappedConn {
+	ct.t.Helper()
+	ct.dial()
+	sc, err := ct.l.Accept()
+	require.NoError(ct.t, err)
+	return sc.(*cappedConn)
+}
+
+// serve reads from c as the health server does, until it is closed, and
+// returns once it waits in a Read (or is closed already, having given its
+// slot to a connection Accept held).
+func (ct *capTest) serve(c *cappedConn) {
+	go func() {
+		b := make([]byte, 512)
+		for {
+			if _, err := c.Read(b); err != nil {
+				return
+			}
+		}
+	}()
+	require.Eventually(ct.t, func() bool { return c.reading.Load() || ct.closed(c) }, 10*time.Second, time.Millisecond)
+}
+
+// acceptAll accepts connections in the background until the listener is
+// closed; the returned function closes it and waits.
+func (ct *capTest) acceptAll() (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := ct.l.Accept(); err != nil {
+				return
+			}
+		}
+	}()
+	return func() {
+		ct.l.Close()
+		<-done
+	}
+}
+
+func (ct *capTest) closed(c *cappedConn) bool {
+	ct.l.mu.Lock()
+	defer ct.l.mu.Unlock()
+	_, open := ct.l.conns[c]
+	return !open
+}
+
+// At its cap the health listener closes, for each new connection, the
+// one that went longest without a request in progress (new, or idle
+// between requests) among those the server waits on for the client's
+// bytes; connections serving a request keep their slot, and when every
+// one does, the new connection is closed instead.
+func TestCapListenerEvictsTheOldestWithoutARequest(t *testing.T) {
+	ct := newCapTest(t, 3)
+	l, closed := ct.l, ct.closed
 	accept := func() *cappedConn {
 		t.Helper()
-		c, err := net.Dial("tcp", inner.Addr().String())
-		require.NoError(t, err)
-		clients = append(clients, c)
-		sc, err := l.Accept()
-		require.NoError(t, err)
-		return sc.(*cappedConn)
-	}
-	closed := func(c *cappedConn) bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		_, open := l.conns[c]
-		return !open
+		c := ct.accept()
+		ct.serve(c)
+		return c
 	}
 
 	a, b, c := accept(), accept(), accept()
@@ -63,19 +130,88 @@ func TestCapListenerEvictsTheOldestWithoutARequest(t *testing.T) {
 	l.connState(d, http.StateActive)
 	l.connState(e, http.StateActive)
 	// Every slot serves a request: the next connection is turned away.
-	cl, err := net.Dial("tcp", inner.Addr().String())
-	require.NoError(t, err)
-	clients = append(clients, cl)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		l.Accept() // blocks after turning cl away
-	}()
-	require.Eventually(t, func() bool { return counterValue(rejected) == 1 }, 5*time.Second, time.Millisecond)
-	assert.Equal(t, 2.0, counterValue(evicted))
+	ct.dial()
+	stop := ct.acceptAll()
+	require.Eventually(t, func() bool { return counterValue(ct.rejected) == 1 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, 2.0, counterValue(ct.evicted))
 	assert.False(t, closed(a) || closed(d) || closed(e))
-	l.Close()
-	<-done
+	stop()
+}
+
+// A burst of new connections at the cap, accepted before the server has
+// read from any (its goroutines have not run yet: a loaded machine), does
+// not close the one accepted just before it: a kubelet probe whose request
+// is already on its way keeps its slot until the server gets to it. The
+// burst's connections beyond the cap are closed instead, once Accept has
+// waited healthUnreadWait for the server.
+func TestCapListenerBurstKeepsAConnectionTheServerHasNotRead(t *testing.T) {
+	const max, burst = 3, 5
+	ct := newCapTest(t, max)
+	probe := ct.accept()
+	for range burst {
+		ct.dial()
+	}
+	// The first max-1 of the burst fill the free slots.
+	var admitted []*cappedConn
+	for range max - 1 {
+		sc, err := ct.l.Accept()
+		require.NoError(t, err)
+		admitted = append(admitted, sc.(*cappedConn))
+	}
+	stop := ct.acceptAll()
+	require.Eventually(t, func() bool { return counterValue(ct.rejected)+counterValue(ct.evicted) == burst-(max-1) }, 10*time.Second, time.Millisecond)
+	assert.False(t, ct.closed(probe), "the connection accepted before the burst, not yet read")
+	assert.Equal(t, float64(burst-(max-1)), counterValue(ct.rejected), "the burst's connections beyond the cap")
+	assert.Zero(t, counterValue(ct.evicted))
+	for i, c := range admitted {
+		assert.False(t, ct.closed(c), "admitted %d", i)
+	}
+	stop()
+}
+
+// At the cap with only connections the server has not got to, Accept
+// waits for it: once the server waits in a Read on one, the new
+// connection takes that one's slot. A connection whose bytes the server
+// has read and not yet made a request of (parsing) keeps its slot too.
+func TestCapListenerWaitsForTheServerToReadAConnection(t *testing.T) {
+	ct := newCapTest(t, 3)
+	ct.l.unreadWait = time.Minute
+	probe := ct.accept()
+	probeClient := ct.clients[0]
+	a, b := ct.accept(), ct.accept()
+	// The server reads the probe's first bytes and has not read on.
+	_, err := probeClient.Write([]byte("GET /readyz HTTP/1.1\r\n"))
+	require.NoError(t, err)
+	_, err = probe.Read(make([]byte, 512))
+	require.NoError(t, err)
+
+	ct.dial()
+	accepted := make(chan *cappedConn, 1)
+	go func() {
+		sc, err := ct.l.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- sc.(*cappedConn)
+	}()
+	select {
+	case <-accepted:
+		t.Fatal("a connection accepted while the server had got to none of the open ones")
+	case <-time.After(50 * time.Millisecond):
+	}
+	ct.serve(b)
+	var c *cappedConn
+	select {
+	case c = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waits after the server waits in a Read on a connection")
+	}
+	require.NotNil(t, c)
+	assert.True(t, ct.closed(b), "the one the server waits on")
+	assert.False(t, ct.closed(probe) || ct.closed(a) || ct.closed(c))
+	assert.Equal(t, 1.0, counterValue(ct.evicted))
+	assert.Zero(t, counterValue(ct.rejected))
 }
 
 func counterValue(c prometheus.Counter) float64 {

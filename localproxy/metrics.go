@@ -89,11 +89,11 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 		}),
 		healthRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "health_connections_rejected_total",
-			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open, each serving a request.", HealthMaxConnections),
+			Help: fmt.Sprintf("Connections to the health, metrics and status server closed as soon as they were accepted, because as many as it holds (%d) were open, each serving a request, or not read from yet by the server after a wait for it.", HealthMaxConnections),
 		}),
 		healthEvicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "health_connections_evicted_total",
-			Help: fmt.Sprintf("Connections to the health, metrics and status server closed to make room for a new one, because as many as it holds (%d) were open: each time the one longest without a request in progress (not through its request headers yet, or idle).", HealthMaxConnections),
+			Help: fmt.Sprintf("Connections to the health, metrics and status server closed to make room for a new one, because as many as it holds (%d) were open: each time the one longest without a request in progress (not through its request headers yet, or idle) among those the server waits on for the client's bytes.", HealthMaxConnections),
 		}),
 		zone: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "zone_info",
