@@ -120,7 +120,7 @@ func compareKeys(a, b rankKey) int {
 }
 
 // rebuildLocked re-sorts the candidate order when something that affects it
-// changed, and emits EventPreferred when the first endpoint changes.
+// changed, and emits EventPreferred when the preferred endpoint changes.
 func (p *Pool) rebuildLocked() {
 	if !p.dirty {
 		return
@@ -141,15 +141,27 @@ func (p *Pool) rebuildLocked() {
 	for _, r := range rs {
 		p.order = append(p.order, r.e)
 	}
+	// The preferred endpoint, the one stickiness holds to and
+	// EventPreferred names, is the first by every key but waiting: a
+	// connection waiting for its first byte sends the next ones to an
+	// equal endpoint while it waits (the order), without moving the
+	// preference. Otherwise the preference among equals would move with
+	// most new connections (each waits a moment for the server's
+	// ServerHello), and with it the events and the logs.
 	first := ""
-	if len(p.order) > 0 {
-		first = p.order[0].addr
+	var best rankKey
+	for _, r := range rs {
+		k := r.k
+		k.waiting = 0
+		if first == "" || cmp.Or(compareKeys(k, best), cmp.Compare(r.e.addr, first)) < 0 {
+			first, best = r.e.addr, k
+		}
 	}
 	if first != p.preferred {
 		prev := p.preferred
 		p.preferred = first
 		if first != "" {
-			p.emitLocked(Event{Kind: EventPreferred, Addr: first, Prev: prev, State: p.order[0].state})
+			p.emitLocked(Event{Kind: EventPreferred, Addr: first, Prev: prev, State: p.eps[first].state})
 			p.cfg.Logger.V(1).Info("preferred endpoint changed", "addr", first, "prev", prev)
 		}
 	}

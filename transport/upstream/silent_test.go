@@ -69,7 +69,9 @@ func TestReportAnsweredLiftsSuspicionOnly(t *testing.T) {
 
 // Among endpoints ranked alike, one with a connection waiting for its
 // first byte goes after one with none, stickiness notwithstanding; a
-// better-ranked endpoint keeps its place whatever waits on it.
+// better-ranked endpoint keeps its place whatever waits on it. The
+// preference does not move with the waiting: no EventPreferred, and the
+// order is back to the preferred endpoint once nothing waits.
 func TestWaitingBreaksTiesOnly(t *testing.T) {
 	p := newPool(t, upstream.Config{})
 	mustSet(t, p, upstream.SourceStatic, specs(addrA, addrB))
@@ -80,16 +82,24 @@ func TestWaitingBreaksTiesOnly(t *testing.T) {
 	if first == addrB {
 		other = addrA
 	}
+	var moved []string
+	p.Subscribe(func(e upstream.Event) {
+		if e.Kind == upstream.EventPreferred {
+			moved = append(moved, e.Addr)
+		}
+	})
 	p.AddWaiting(first, 1)
 	assert.Equal(t, []string{other, first}, p.Candidates())
 	assert.Equal(t, 1, statusOf(t, p, first).Waiting)
+	assert.True(t, statusOf(t, p, first).Preferred, "still the preferred one")
 	p.AddWaiting(other, 1)
 	p.AddWaiting(other, 1)
 	assert.Equal(t, first, p.Candidates()[0], "fewer waiting")
 	p.AddWaiting(other, -1)
 	p.AddWaiting(other, -1)
 	p.AddWaiting(first, -1)
-	assert.Equal(t, other, p.Candidates()[0], "sticky once even")
+	assert.Equal(t, first, p.Candidates()[0], "back to the preferred once even")
+	assert.Empty(t, moved, "waiting moved the preference")
 
 	// Health ranks before waiting.
 	p.ReportFailure(first, upstream.FailureSilent, nil)
