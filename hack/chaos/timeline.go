@@ -158,10 +158,11 @@ func WriteTimeline(s *Summary, path string) error {
 	tl := plots.Timeline{
 		Title: fmt.Sprintf("chaos soak, seed %d, %s: %d faults; success (all-down phase excluded) %s",
 			s.Seed, time.Duration(s.Duration*float64(time.Second)), len(s.Timeline.Faults), successLine(s)),
-		XLabel: "seconds since the load started",
-		Bin:    1,
-		From:   0,
-		To:     s.Duration,
+		XLabel:        "seconds since the load started",
+		Bin:           1,
+		From:          0,
+		To:            s.Duration,
+		ScalePerPanel: true, // kubectl's 1 request/s below the workloads' 90
 	}
 	for _, f := range s.Timeline.Faults {
 		tl.Bands = append(tl.Bands, plots.Band{From: f.From, To: f.To, Kind: colourGroup(f.Kind), Label: string(f.Kind) + " " + faultTarget(f.Kind, f.Server)})

@@ -115,6 +115,29 @@ func TestTimelineSVG(t *testing.T) {
 	}
 }
 
+// With ScalePerPanel a panel of 1 request/s gets a y axis of its own
+// (ticks below 2), not the 30/s panel's; without it both share one.
+func TestTimelineScalePerPanel(t *testing.T) {
+	tl := synthetic()
+	slow := make([]float64, 60)
+	for i := range slow {
+		slow[i] = 1
+	}
+	tl.Panels = append(tl.Panels, plots.Panel{Title: "kubectl", OK: slow, Failed: make([]float64, 60)})
+	for _, perPanel := range []bool{false, true} {
+		tl.ScalePerPanel = perPanel
+		path := filepath.Join(t.TempDir(), "timeline.svg")
+		if err := tl.Save(path); err != nil {
+			t.Fatal(err)
+		}
+		texts := svgTexts(t, path)
+		// "1.5" is a tick only on an axis that ends below 2 requests/s.
+		if got := count(texts, "1.5") > 0; got != perPanel {
+			t.Errorf("ScalePerPanel %v: a tick at 1.5 requests/s: %v (texts %q)", perPanel, got, texts)
+		}
+	}
+}
+
 func TestTimelineNeedsAPanel(t *testing.T) {
 	tl := plots.Timeline{Bin: 1}
 	if err := tl.Save(filepath.Join(t.TempDir(), "x.svg")); err == nil {

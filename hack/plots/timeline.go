@@ -35,6 +35,10 @@ type Timeline struct {
 	Bands []Band
 	// Panels, top to bottom. At least one.
 	Panels []Panel
+	// ScalePerPanel gives each panel a y axis of its own data: panels of
+	// different rates (a path of 90 requests/s above one of 1/s). Else
+	// one y axis serves every panel, for panels to compare.
+	ScalePerPanel bool
 }
 
 // Band is a fault window.
@@ -141,14 +145,18 @@ func (t *Timeline) Save(path string) error {
 		return errors.New("plots: a timeline needs a panel and a bin width")
 	}
 	from, to := t.xRange()
-	top := 1.0
-	for _, p := range t.Panels {
-		for i := range p.OK {
-			top = max(top, (p.OK[i]+p.Failed[i])/t.Bin)
+	// The y axis' top: the highest rate, with headroom for the legend
+	// and the marks' glyphs above the data.
+	peak := func(panels ...Panel) float64 {
+		top := 1.0
+		for _, p := range panels {
+			for i := range p.OK {
+				top = max(top, (p.OK[i]+p.Failed[i])/t.Bin)
+			}
 		}
+		return top * 1.75
 	}
-	// Headroom for the legend and the marks' glyphs above the data.
-	top *= 1.75
+	top := peak(t.Panels...)
 	kinds := map[string]color.Color{}
 	for _, b := range slices.Concat(t.Bands, t.panelBands()) {
 		if _, ok := kinds[b.Kind]; !ok {
@@ -200,6 +208,9 @@ func (t *Timeline) Save(path string) error {
 		// After the plotters: adding one widens the axes to its data.
 		p.X.Min, p.X.Max = from, to
 		p.Y.Min, p.Y.Max = 0, top
+		if t.ScalePerPanel {
+			p.Y.Max = peak(pn)
+		}
 		p.Legend.Top = true
 		p.Legend.TextStyle.Font.Size = vg.Points(9)
 		plots[i] = []*plot.Plot{p}
