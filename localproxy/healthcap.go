@@ -177,8 +177,9 @@ func (l *capListener) makeRoom() bool {
 // oldestWithoutRequest returns the open connection without a request in
 // progress that the server waits in a Read on whose state is oldest, nil
 // if there is none, and whether some connection without a request in
-// progress is one the server has not got to (not read from yet, or
-// parsing what it read).
+// progress is one the server has not got to (not read from yet, parsing
+// what it read, or with the client's bytes queued for a Read whose
+// goroutine has not run yet).
 func (l *capListener) oldestWithoutRequest() (victim *cappedConn, unread bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -186,7 +187,10 @@ func (l *capListener) oldestWithoutRequest() (victim *cappedConn, unread bool) {
 		if c.busy.Load() {
 			continue
 		}
-		if !c.reading.Load() {
+		// Waiting in a Read, but with the client's bytes queued: the
+		// Read has returned, or will when its goroutine runs (a loaded
+		// machine), with a request, kubelet's probe maybe, on its way.
+		if !c.reading.Load() || queuedBytes(c.Conn) > 0 {
 			unread = true
 			continue
 		}

@@ -3,6 +3,7 @@ package localproxy
 import (
 	"net"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
@@ -167,6 +168,34 @@ func TestCapListenerBurstKeepsAConnectionTheServerHasNotRead(t *testing.T) {
 		assert.False(t, ct.closed(c), "admitted %d", i)
 	}
 	stop()
+}
+
+// A connection the server waits in a Read on, with its client's request
+// queued in the kernel (the Read's goroutine has not run yet: a loaded
+// machine), keeps its slot: it is a probe on its way, not an idle one.
+// The next oldest waiting one without bytes gives its slot instead.
+func TestCapListenerKeepsAConnectionWithBytesQueued(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the receive queue is asked on Linux only")
+	}
+	ct := newCapTest(t, 3)
+	probe := ct.accept()
+	probeClient := ct.clients[0]
+	probe.reading.Store(true) // blocked in a Read that has not returned yet
+	a, b := ct.accept(), ct.accept()
+	ct.serve(a)
+	ct.serve(b)
+	_, err := probeClient.Write([]byte("GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return queuedBytes(probe.Conn) > 0 }, 5*time.Second, time.Millisecond)
+
+	ct.dial()
+	c, err := ct.l.Accept()
+	require.NoError(t, err)
+	assert.False(t, ct.closed(probe), "the connection with its request queued")
+	assert.True(t, ct.closed(a), "the oldest waiting one without bytes")
+	assert.False(t, ct.closed(b) || ct.closed(c.(*cappedConn)))
+	assert.Equal(t, 1.0, counterValue(ct.evicted))
 }
 
 // At the cap with only connections the server has not got to, Accept
