@@ -1,6 +1,7 @@
 package localproxy
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +18,8 @@ import (
 // First-byte watch: a client of the API server speaks first (its TLS
 // ClientHello), and a live server answers within a few round trips. An
 // upstream that has sent nothing by the first-byte deadline after the
-// client's first bytes went upstream is silent: hung (SIGSTOP, a wedged
+// client's first flight went upstream (firstFlight: a client that
+// trickles it is not watched) is silent: hung (SIGSTOP, a wedged
 // process, a kernel that still completes TCP handshakes for it) or
 // unreachable beyond the first hop. A connection past its deadline ranks
 // its endpoint after the others at once, before locality and RTT tier
@@ -37,6 +39,25 @@ const (
 	silentThreshold     = 2
 	silentWindow        = 2 * time.Second
 )
+
+// firstFlight reports whether b, a client's first read, is something a
+// server answers: a whole TLS record (a ClientHello, which a TLS client
+// sends in one write, and on loopback arrives in one read), or 5 bytes or
+// more that are no TLS handshake record (a server answers those with an
+// alert, an HTTP 400, or a close). Fewer bytes, or a handshake record
+// header promising more than came, leave a server nothing to answer yet:
+// the client is slow (trickling a slowloris, or stalled itself), not the
+// server, and the first-byte watch is not armed for that connection.
+func firstFlight(b []byte) bool {
+	const header = 5 // type, version (2), length (2)
+	if len(b) < header {
+		return false
+	}
+	if b[0] != 0x16 { // not a handshake record
+		return true
+	}
+	return len(b) >= header+int(binary.BigEndian.Uint16(b[3:header]))
+}
 
 // firstByteWatch learns, per endpoint, how fast the first byte comes back,
 // and reports silent endpoints to the pool.

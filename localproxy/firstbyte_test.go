@@ -142,3 +142,25 @@ func TestFailedBeforeFirstByte(t *testing.T) {
 		assert.True(t, suspect(t, pool, fbA), "two resets after the client spoke")
 	})
 }
+
+// firstFlight reads a client's first bytes from the network: whatever
+// they are, it does not panic, and it arms the watch only on 5 bytes or
+// more that are no handshake record, or a whole one.
+func FuzzFirstFlight(f *testing.F) {
+	f.Add([]byte{0x16})
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x02, 0x01, 0x00})
+	f.Add([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01})
+	f.Add([]byte("GET / HTTP/1.1\r\n"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := firstFlight(b)
+		switch {
+		case len(b) < 5:
+			assert.False(t, got, "%x: fewer bytes than a record header", b)
+		case b[0] != 0x16:
+			assert.True(t, got, "%x: no handshake record", b)
+		default:
+			assert.Equal(t, len(b)-5 >= int(b[3])<<8|int(b[4]), got, "%x", b)
+		}
+	})
+}

@@ -140,6 +140,47 @@ func TestSilentUpstreamBecomesSuspect(t *testing.T) {
 		"an upstream that answers again stays suspect")
 }
 
+// A client that trickles its TLS ClientHello (a slowloris, or one stalled
+// itself) leaves the server nothing to answer yet: its connections do not
+// count as waiting on, stalled by or silent from the upstream, however
+// long they last, so a local process cannot make a healthy server suspect
+// or move the preferred one. Its first read is a record header that
+// promises more than arrived, or less than a header.
+func TestTrickledClientHelloIsNotTheUpstreamsSilence(t *testing.T) {
+	a := newFreezable(t)
+	a.frozen.Store(true) // a real server would not answer anyway: no whole record
+	t.Cleanup(func() { close(a.thawed) })
+	r := start(t, localproxy.Config{
+		Endpoints:        []string{a.addr()},
+		Pool:             upstream.Config{Prober: newProber(), Interval: time.Hour},
+		FirstByteTimeout: 50 * time.Millisecond,
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	var moved atomic.Int32
+	r.Pool().Subscribe(func(e upstream.Event) {
+		if e.Kind == upstream.EventPreferred {
+			moved.Add(1)
+		}
+	})
+	// A handshake record of 512 bytes, of which 9 came; and 1 byte of a
+	// header.
+	for _, first := range [][]byte{{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc}, {0x16}} {
+		for range 3 {
+			c := dial(t, r.addr())
+			_, err := c.Write(first)
+			require.NoError(t, err)
+			defer c.Close()
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // ten first-byte deadlines
+	s := statusOf(t, r.Pool(), a.addr())
+	assert.Zero(t, s.Waiting, "waiting on a server that has no whole record to answer")
+	assert.Zero(t, s.Stalled, "stalled")
+	assert.False(t, s.Suspect, "suspect")
+	assert.Zero(t, metric(t, r.reg, "apifailover_localproxy_silent_upstream_connections_total"))
+	assert.Zero(t, moved.Load(), "the preferred endpoint moved")
+}
+
 // rttProber answers every probe, reporting a fixed round trip per address.
 type rttProber map[string]time.Duration
 
