@@ -170,10 +170,10 @@ func (cp *copier) copy() {
 		}
 		cp.moved = true
 		werr := p.werr
-		spoke := false // the direction's first read holds a request
+		fl := flightPartial // what the direction's first read holds
 		if p.bp != nil {
 			if !d.started {
-				spoke = firstFlight((*p.bp)[p.off:p.n])
+				fl = firstFlight((*p.bp)[p.off:p.n])
 			}
 			w, err := cp.raw.write((*p.bp)[p.off:p.n])
 			copyBufs.Put(p.bp)
@@ -192,7 +192,7 @@ func (cp *copier) copy() {
 		n, full := p.n, p.full
 		if !d.started {
 			d.started = true
-			d.c.first(d.side, n, spoke, err)
+			d.c.first(d.side, n, fl, err)
 		}
 		if err == nil && !eof && full {
 			eof, err = cp.raw.bulk()
@@ -299,10 +299,10 @@ func (c *conn) unpark(d *direction) bool {
 }
 
 // first tells the first-byte watch what the first read of a direction
-// saw: n bytes, whether they are a whole first flight (firstFlight; only
-// the client's count) and err (the read's or the write's, not io.EOF).
-// Once the upstream's first read settled the watch, c lets go of it.
-func (c *conn) first(side, n int, whole bool, err error) {
+// saw: n bytes, what they are (firstFlight; the client's only) and err
+// (the read's or the write's, not io.EOF). Once the upstream's first
+// read settled the watch, c lets go of it.
+func (c *conn) first(side, n int, fl flight, err error) {
 	c.mu.Lock()
 	fb := c.fb
 	c.mu.Unlock()
@@ -310,8 +310,8 @@ func (c *conn) first(side, n int, whole bool, err error) {
 		return
 	}
 	if side == toUpstream {
-		if n > 0 && whole && err == nil {
-			fb.sent()
+		if n > 0 && err == nil {
+			fb.sent(fl)
 		}
 		return
 	}

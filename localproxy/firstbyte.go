@@ -19,7 +19,8 @@ import (
 // ClientHello), and a live server answers within a few round trips. An
 // upstream that has sent nothing by the first-byte deadline after the
 // client's first flight went upstream (firstFlight: a client that
-// trickles it is not watched) is silent: hung (SIGSTOP, a wedged
+// trickles it is not watched; a reset counts only after a ClientHello) is
+// silent: hung (SIGSTOP, a wedged
 // process, a kernel that still completes TCP handshakes for it) or
 // unreachable beyond the first hop. A connection past its deadline ranks
 // its endpoint after the others at once, before locality and RTT tier
@@ -40,23 +41,37 @@ const (
 	silentWindow        = 2 * time.Second
 )
 
-// firstFlight reports whether b, a client's first read, is something a
-// server answers: a whole TLS record (a ClientHello, which a TLS client
-// sends in one write, and on loopback arrives in one read), or 5 bytes or
-// more that are no TLS handshake record (a server answers those with an
-// alert, an HTTP 400, or a close). Fewer bytes, or a handshake record
-// header promising more than came, leave a server nothing to answer yet:
-// the client is slow (trickling a slowloris, or stalled itself), not the
-// server, and the first-byte watch is not armed for that connection.
-func firstFlight(b []byte) bool {
+// flight is what a client's first read holds, for the first-byte watch.
+type flight uint8
+
+const (
+	// flightPartial: fewer than 5 bytes, or a handshake record header
+	// promising more than came. A server has nothing to answer yet: the
+	// client is slow (trickling a slowloris, or stalled itself), not the
+	// server, and the watch is not armed.
+	flightPartial flight = iota
+	// flightHello: a whole TLS handshake record, a ClientHello (a TLS
+	// client sends it in one write, and on loopback it arrives in one
+	// read). A live server answers it within a few round trips.
+	flightHello
+	// flightOther: 5 bytes or more that are no handshake record (garbage,
+	// plain HTTP). A live server answers at once, often by closing with
+	// the bytes unread (a reset): only its silence counts, not its reset.
+	flightOther
+)
+
+// firstFlight says what b, a client's first read, is.
+func firstFlight(b []byte) flight {
 	const header = 5 // type, version (2), length (2)
-	if len(b) < header {
-		return false
+	switch {
+	case len(b) < header:
+		return flightPartial
+	case b[0] != 0x16: // not a handshake record
+		return flightOther
+	case len(b) < header+int(binary.BigEndian.Uint16(b[3:header])):
+		return flightPartial
 	}
-	if b[0] != 0x16 { // not a handshake record
-		return true
-	}
-	return len(b) >= header+int(binary.BigEndian.Uint16(b[3:header]))
+	return flightHello
 }
 
 // firstByteWatch learns, per endpoint, how fast the first byte comes back,
@@ -177,6 +192,7 @@ type firstByte struct {
 	// mu guards the fields below; the pool is not called while it is
 	// held.
 	mu       sync.Mutex
+	hello    bool // the client's first flight was a ClientHello (flightHello)
 	sentAt   time.Time
 	timer    *time.Timer
 	expired  bool // the deadline passed first
@@ -193,9 +209,10 @@ func (w *firstByteWatch) watch(addr string) *firstByte {
 	return &firstByte{w: w, addr: addr}
 }
 
-// sent arms the deadline: the client's first bytes went upstream.
-func (f *firstByte) sent() {
-	if f == nil {
+// sent arms the deadline: the client's first flight went upstream.
+// A partial one does not.
+func (f *firstByte) sent(fl flight) {
+	if f == nil || fl == flightPartial {
 		return
 	}
 	d := f.w.timeout(f.addr)
@@ -204,7 +221,7 @@ func (f *firstByte) sent() {
 		f.mu.Unlock()
 		return
 	}
-	f.sentAt, f.deadline, f.waiting = time.Now(), d, true
+	f.sentAt, f.deadline, f.waiting, f.hello = time.Now(), d, true, fl == flightHello
 	f.timer = time.AfterFunc(d, f.expire)
 	f.mu.Unlock()
 	f.w.pool.AddWaiting(f.addr, 1)
@@ -275,14 +292,15 @@ func (f *firstByte) received() {
 }
 
 // failed settles the watch with the upstream's read error before its first
-// byte: a reset right after the client spoke counts as silence; an end
-// the proxy or the client caused (closed) does not.
+// byte: a reset right after the client's ClientHello counts as silence;
+// one after anything else (the server's answer to garbage) does not, nor
+// does an end the proxy or the client caused (closed).
 func (f *firstByte) failed(err error, closed bool) {
 	if f == nil {
 		return
 	}
 	f.mu.Lock()
-	count := !f.settled && !f.expired && !f.sentAt.IsZero() && !closed &&
+	count := !f.settled && !f.expired && !f.sentAt.IsZero() && f.hello && !closed &&
 		!errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err)
 	w := f.settleLocked()
 	f.mu.Unlock()

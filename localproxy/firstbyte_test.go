@@ -74,7 +74,7 @@ func TestSilentConnectionsMakeEndpointSuspect(t *testing.T) {
 		w, pool := newWatchBed(t)
 		silent := func() {
 			f := w.watch(fbA)
-			f.sent()
+			f.sent(flightHello)
 			time.Sleep(DefaultFirstByteTimeout)
 			synctest.Wait()
 			f.stop()
@@ -89,7 +89,7 @@ func TestSilentConnectionsMakeEndpointSuspect(t *testing.T) {
 
 		// A late answer on a connection that went silent trusts it again.
 		f := w.watch(fbA)
-		f.sent()
+		f.sent(flightHello)
 		time.Sleep(DefaultFirstByteTimeout + time.Second)
 		synctest.Wait()
 		f.received()
@@ -103,7 +103,7 @@ func TestAnsweredInTimeIsNoSilence(t *testing.T) {
 		w, pool := newWatchBed(t)
 		for range 5 {
 			f := w.watch(fbA)
-			f.sent()
+			f.sent(flightHello)
 			time.Sleep(DefaultFirstByteTimeout - time.Millisecond)
 			f.received()
 			time.Sleep(time.Second)
@@ -124,7 +124,7 @@ func TestFailedBeforeFirstByte(t *testing.T) {
 		fail := func(sent bool, err error, closed bool) {
 			f := w.watch(fbA)
 			if sent {
-				f.sent()
+				f.sent(flightHello)
 			}
 			f.failed(err, closed)
 			f.stop()
@@ -144,8 +144,9 @@ func TestFailedBeforeFirstByte(t *testing.T) {
 }
 
 // firstFlight reads a client's first bytes from the network: whatever
-// they are, it does not panic, and it arms the watch only on 5 bytes or
-// more that are no handshake record, or a whole one.
+// they are, it does not panic; fewer than 5 bytes or a handshake record
+// header promising more than came are partial, a whole handshake record
+// a hello, anything else other.
 func FuzzFirstFlight(f *testing.F) {
 	f.Add([]byte{0x16})
 	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x02, 0x01, 0x00})
@@ -156,11 +157,13 @@ func FuzzFirstFlight(f *testing.F) {
 		got := firstFlight(b)
 		switch {
 		case len(b) < 5:
-			assert.False(t, got, "%x: fewer bytes than a record header", b)
+			assert.Equal(t, flightPartial, got, "%x: fewer bytes than a record header", b)
 		case b[0] != 0x16:
-			assert.True(t, got, "%x: no handshake record", b)
+			assert.Equal(t, flightOther, got, "%x: no handshake record", b)
+		case len(b)-5 >= int(b[3])<<8|int(b[4]):
+			assert.Equal(t, flightHello, got, "%x: a whole handshake record", b)
 		default:
-			assert.Equal(t, len(b)-5 >= int(b[3])<<8|int(b[4]), got, "%x", b)
+			assert.Equal(t, flightPartial, got, "%x: a handshake record cut short", b)
 		}
 	})
 }

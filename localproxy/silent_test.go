@@ -2,6 +2,7 @@ package localproxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -179,6 +180,35 @@ func TestTrickledClientHelloIsNotTheUpstreamsSilence(t *testing.T) {
 	assert.False(t, s.Suspect, "suspect")
 	assert.Zero(t, metric(t, r.reg, "apifailover_localproxy_silent_upstream_connections_total"))
 	assert.Zero(t, moved.Load(), "the preferred endpoint moved")
+}
+
+// A server resets a client that sent something other than a TLS
+// handshake (garbage, a plain HTTP request): Go's TLS server closes with
+// the bytes unread. That reset is the server's answer to the client, not
+// its silence: any local process sending garbage through the proxy must
+// not make a healthy server suspect.
+func TestResetAfterGarbageIsNotTheUpstreamsSilence(t *testing.T) {
+	a := newServer(t, func(c *net.TCPConn) {
+		c.Read(make([]byte, 5)) // a record header that is none
+		c.SetLinger(0)          // closed with the rest unread: a reset
+		c.Close()
+	})
+	r := start(t, localproxy.Config{
+		Endpoints: []string{a.addr()},
+		Pool:      upstream.Config{Prober: newProber(), Interval: time.Hour},
+	})
+	require.Eventually(t, r.Pool().Healthy, 10*time.Second, 5*time.Millisecond)
+	garbage := bytes.Repeat([]byte{0xaa}, 64<<10)
+	for range 4 {
+		c := dial(t, r.addr())
+		c.Write(garbage) // the reset may come before the last of it
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		require.Error(t, err, "the upstream answered garbage")
+		c.Close()
+	}
+	assert.False(t, statusOf(t, r.Pool(), a.addr()).Suspect, "suspect after resetting garbage")
+	assert.Zero(t, metric(t, r.reg, "apifailover_localproxy_silent_upstream_connections_total"))
 }
 
 // rttProber answers every probe, reporting a fixed round trip per address.
