@@ -21,13 +21,6 @@ func WithAttempts(ctx context.Context) (context.Context, func() int) {
 	return context.WithValue(ctx, attemptsKey{}, n), func() int { return int(n.Load()) }
 }
 
-// countAttempt counts req's attempt if its context came from WithAttempts.
-func countAttempt(req *http.Request) {
-	if n, ok := req.Context().Value(attemptsKey{}).(*atomic.Int32); ok {
-		n.Add(1)
-	}
-}
-
 // CountAttempts wraps next (http.DefaultTransport if nil) so that each
 // request whose context came from WithAttempts counts its attempts.
 func CountAttempts(next http.RoundTripper) http.RoundTripper {
@@ -41,7 +34,9 @@ type attemptsRoundTripper struct{ next http.RoundTripper }
 
 // RoundTrip implements http.RoundTripper.
 func (a *attemptsRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	countAttempt(req)
+	if n, ok := req.Context().Value(attemptsKey{}).(*atomic.Int32); ok {
+		n.Add(1)
+	}
 	return a.next.RoundTrip(req)
 }
 

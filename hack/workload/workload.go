@@ -194,7 +194,7 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 	rc := rest.CopyConfig(cfg.RESTConfig)
 	rc.QPS, rc.Burst = -1, 0
 	hc := *cfg.HTTPClient
-	hc.Transport = &countingRoundTripper{next: transportOf(cfg.HTTPClient), w: w}
+	hc.Transport = &countingRoundTripper{next: CountAttempts(cfg.HTTPClient.Transport), w: w}
 	cs, err := kubernetes.NewForConfigAndClient(rc, &hc)
 	if err != nil {
 		return nil, fmt.Errorf("workload: client: %w", err)
@@ -224,13 +224,6 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 		go w.sampleServing(loadCtx)
 	}
 	return w, nil
-}
-
-func transportOf(hc *http.Client) http.RoundTripper {
-	if hc.Transport != nil {
-		return hc.Transport
-	}
-	return http.DefaultTransport
 }
 
 // ensureNamespace creates the namespace, retrying until ctx is done: the
@@ -548,7 +541,6 @@ type countingRoundTripper struct {
 
 // RoundTrip implements http.RoundTripper.
 func (c *countingRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	countAttempt(req)
 	if req.Method != http.MethodGet || strings.TrimSuffix(req.URL.Path, "/") != c.w.cmPath {
 		return c.next.RoundTrip(req)
 	}
