@@ -636,16 +636,8 @@ func classify(rq workload.Request, windows []window) (class string, kind Kind) {
 }
 
 func waitHealthy(ctx context.Context, ok func() bool) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !ok() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("clients not healthy: %w", ctx.Err())
-		case <-tick.C:
-		}
+	if err := waitFor(ctx, time.Minute, ok); err != nil {
+		return fmt.Errorf("clients not healthy: %w", err)
 	}
 	return nil
 }
