@@ -16,9 +16,11 @@ const (
 	// EventDown: the endpoint became unhealthy or quarantined. Close its
 	// connections.
 	EventDown
-	// EventPreferred: a different endpoint is now first in line. Prev is the
-	// one preferred before (empty if none). New connections should go to
-	// Addr; connections to Prev may be retired gracefully.
+	// EventPreferred: a different endpoint is now preferred: first in
+	// line whenever no connection waits on it for its first byte (see
+	// Pool.AddWaiting). Prev is the one preferred before (empty if none).
+	// New connections should go to Addr; connections to Prev may be
+	// retired gracefully.
 	EventPreferred
 )
 

@@ -134,9 +134,10 @@ func (p *Pool) rebuildLocked() {
 	for _, e := range p.eps {
 		rs = append(rs, ranked{p.keyLocked(e), e})
 	}
-	slices.SortFunc(rs, func(a, b ranked) int {
+	byRank := func(a, b ranked) int {
 		return cmp.Or(compareKeys(a.k, b.k), cmp.Compare(a.e.addr, b.e.addr))
-	})
+	}
+	slices.SortFunc(rs, byRank)
 	p.order = p.order[:0]
 	for _, r := range rs {
 		p.order = append(p.order, r.e)
@@ -149,13 +150,11 @@ func (p *Pool) rebuildLocked() {
 	// most new connections (each waits a moment for the server's
 	// ServerHello), and with it the events and the logs.
 	first := ""
-	var best rankKey
-	for _, r := range rs {
-		k := r.k
-		k.waiting = 0
-		if first == "" || cmp.Or(compareKeys(k, best), cmp.Compare(r.e.addr, first)) < 0 {
-			first, best = r.e.addr, k
-		}
+	if len(rs) > 0 {
+		first = slices.MinFunc(rs, func(a, b ranked) int {
+			a.k.waiting, b.k.waiting = 0, 0 // copies
+			return byRank(a, b)
+		}).e.addr
 	}
 	if first != p.preferred {
 		prev := p.preferred

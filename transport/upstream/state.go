@@ -124,7 +124,9 @@ type Status struct {
 	// Stalled is the number of those waiting past their deadline (see
 	// Pool.AddStalled).
 	Stalled int `json:"stalled,omitempty"`
-	// Preferred marks the endpoint new connections go to first.
+	// Preferred marks the endpoint new connections go to first, unless
+	// one waits on it for its first byte while another has none waiting
+	// (see Pool.AddWaiting).
 	Preferred bool `json:"preferred"`
 	// LastError is the most recent failure, empty after a success.
 	LastError string `json:"lastError,omitempty"`
