@@ -277,3 +277,29 @@ func TestStatusJSON(t *testing.T) {
 		"since": "2024-05-06T07:08:09Z"
 	}`, string(b))
 }
+
+// Source and State read back what they marshal, so that a /status
+// document decodes into a Status; anything else is an error naming it.
+func TestStatusUnmarshalText(t *testing.T) {
+	in := upstream.Status{Addr: "10.0.0.1:6443", Sources: upstream.SourceStatic | upstream.SourceAltSvc, State: upstream.StateQuarantined}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	var out upstream.Status
+	require.NoError(t, json.Unmarshal(b, &out))
+	assert.Equal(t, in, out)
+	for _, s := range []upstream.Source{0, upstream.SourceDiscovery, upstream.SourceStateFile | upstream.SourceStatic | upstream.SourceDiscovery | upstream.SourceAltSvc} {
+		var got upstream.Source
+		require.NoError(t, got.UnmarshalText([]byte(s.String())))
+		assert.Equal(t, s, got)
+	}
+	for st := upstream.StateUnknown; st <= upstream.StateQuarantined; st++ {
+		var got upstream.State
+		require.NoError(t, got.UnmarshalText([]byte(st.String())))
+		assert.Equal(t, st, got)
+	}
+	var src upstream.Source
+	assert.ErrorContains(t, src.UnmarshalText([]byte("static,dns")), `unknown endpoint source "dns" in "static,dns"`)
+	assert.ErrorContains(t, src.UnmarshalText([]byte("")), `unknown endpoint source ""`)
+	var st upstream.State
+	assert.ErrorContains(t, st.UnmarshalText([]byte("state(9)")), `unknown endpoint state "state(9)"`)
+}

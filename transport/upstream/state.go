@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,26 @@ func (s Source) String() string {
 // MarshalText renders the sources as in String.
 func (s Source) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
+// UnmarshalText reads what MarshalText writes ("none" or names separated
+// by commas), so that a /status document decodes into a Status.
+func (s *Source) UnmarshalText(b []byte) error {
+	var out Source
+	if text := string(b); text != "none" {
+	names:
+		for name := range strings.SplitSeq(text, ",") {
+			for _, n := range sourceNames {
+				if n.name == name {
+					out |= n.s
+					continue names
+				}
+			}
+			return fmt.Errorf("upstream: unknown endpoint source %q in %q: want none, or static, discovery, altsvc and statefile separated by commas", name, text)
+		}
+	}
+	*s = out
+	return nil
+}
+
 // State is the health state of an endpoint.
 type State uint8
 
@@ -89,6 +110,17 @@ func (s State) String() string {
 
 // MarshalText renders the state as in String.
 func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state's name as String writes it.
+func (s *State) UnmarshalText(b []byte) error {
+	for st := StateUnknown; st <= StateQuarantined; st++ {
+		if st.String() == string(b) {
+			*s = st
+			return nil
+		}
+	}
+	return fmt.Errorf("upstream: unknown endpoint state %q: want unknown, healthy, unhealthy or quarantined", b)
+}
 
 // Spec describes an endpoint as a source knows it.
 type Spec struct {
