@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,6 +19,9 @@ import (
 type Status struct {
 	// Origin is the API server name clients use.
 	Origin string `json:"origin"`
+	// PID is the process that answered. During a hand-over two processes
+	// share the health port (SO_REUSEPORT) and either may answer.
+	PID int `json:"pid"`
 	// Ready: at least one endpoint is healthy and the proxy is not
 	// shutting down.
 	Ready bool `json:"ready"`
@@ -69,6 +73,7 @@ type UpstreamStatus struct {
 func (p *Proxy) Status() Status {
 	s := Status{
 		Origin:            p.cfg.Origin,
+		PID:               os.Getpid(),
 		Ready:             p.isReady(),
 		ShuttingDown:      p.stopping.Load(),
 		ActiveConnections: p.active.Load(),

@@ -76,6 +76,7 @@ func TestHealthServer(t *testing.T) {
 	var st localproxy.Status
 	require.NoError(t, json.Unmarshal([]byte(body), &st))
 	assert.Equal(t, "api.test:6443", st.Origin)
+	assert.Equal(t, os.Getpid(), st.PID, "the process that answered")
 	assert.True(t, st.Ready)
 	require.Len(t, st.Upstreams, 1)
 	assert.Equal(t, echo.addr(), st.Upstreams[0].Addr)

@@ -91,7 +91,7 @@ func printStatus(w io.Writer, st localproxy.Status, now time.Time) {
 	if st.ShuttingDown {
 		ready += " (shutting down)"
 	}
-	fmt.Fprintf(w, "origin: %s   ready: %s   connections: %d   listening: %s\n", st.Origin, ready, st.ActiveConnections, strings.Join(st.Listeners, ", "))
+	fmt.Fprintf(w, "origin: %s   ready: %s   connections: %d   listening: %s   pid: %d\n", st.Origin, ready, st.ActiveConnections, strings.Join(st.Listeners, ", "), st.PID)
 	fmt.Fprintf(w, "zone: %s\n\n", zoneLine(st))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tSOURCES\tLOCALITY\tZONE\tRTT\tCONNS\tSINCE\tLAST ERROR")

@@ -14,7 +14,7 @@ import (
 func TestPrintStatusShowsRemovedEndpoints(t *testing.T) {
 	now := time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 	st := localproxy.Status{
-		Origin: "api.example", Ready: true, Listeners: []string{"127.0.0.1:7445"}, ActiveConnections: 3,
+		Origin: "api.example", PID: 4242, Ready: true, Listeners: []string{"127.0.0.1:7445"}, ActiveConnections: 3,
 		Upstreams: []localproxy.UpstreamStatus{{
 			Status: upstream.Status{Addr: "10.0.0.1:6443", Preferred: true, Conns: 1, RTT: time.Millisecond, Since: now.Add(-time.Minute)},
 			State:  "healthy", Sources: "static",
@@ -24,6 +24,7 @@ func TestPrintStatusShowsRemovedEndpoints(t *testing.T) {
 	var b strings.Builder
 	printStatus(&b, st, now)
 	out := b.String()
+	assert.Contains(t, out, "pid: 4242", "which process answered: both do during a hand-over")
 	assert.Contains(t, out, "10.0.0.1:6443  healthy *")
 	var removed string
 	for _, l := range strings.Split(out, "\n") {
