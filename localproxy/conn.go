@@ -246,13 +246,54 @@ func (c *conn) close() {
 	if t != nil {
 		t.Stop()
 	}
-	c.client.Close()
+	// Only a connection that reached its API server carries streams to
+	// fail retryably.
+	c.p.closeClient(c.client, up != nil)
 	if up != nil {
 		up.Close()
 	}
 	if last {
 		c.finish()
 	}
+}
+
+// clientCloseGrace is how long a client connection the proxy closes stays
+// open for reading after its FIN (closeClient).
+const clientCloseGrace = time.Second
+
+// closeClient closes a client connection, FIN first if gently: its write
+// side at once, the rest clientCloseGrace later, with nothing read from
+// it meanwhile. An HTTP/2 client then sees an EOF and fails its streams
+// in flight with "unexpected EOF", which client-go sends a GET again
+// after. Closed at once, with the client's bytes unread, the socket would
+// send a reset: a write the client makes before its read loop sees it
+// fails, and Go's HTTP/2 client then fails every stream of the connection
+// with "client connection force closed", which client-go does not retry.
+// The descriptors held meanwhile count against MaxConnections with the
+// open connections: past it, or without a write side to close, the close
+// is at once. Run waits for these closes before it returns.
+func (p *Proxy) closeClient(nc net.Conn, gently bool) {
+	cw, ok := nc.(interface{ CloseWrite() error })
+	if max := p.cfg.MaxConnections; max > 0 && p.lingering.Load()+p.active.Load() >= int64(max) {
+		gently = false
+	}
+	if !gently || !ok {
+		nc.Close()
+		return
+	}
+	p.lingering.Add(1)
+	p.closing.Add(1)
+	if cw.CloseWrite() != nil {
+		nc.Close()
+		p.lingering.Add(-1)
+		p.closing.Done()
+		return
+	}
+	time.AfterFunc(clientCloseGrace, func() {
+		nc.Close()
+		p.lingering.Add(-1)
+		p.closing.Done()
+	})
 }
 
 // tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client

@@ -57,3 +57,7 @@ func (z *ZoneLearner) Run(ctx context.Context) { z.l.run(ctx) }
 
 // Problem is why the last read learned no zone.
 func (z *ZoneLearner) Problem() string { return z.l.status() }
+
+// Lingering is the client connections closed FIN first whose full close
+// is still to come.
+func (p *Proxy) Lingering() int64 { return p.lingering.Load() }

@@ -54,6 +54,10 @@ type Proxy struct {
 	// pipes counts connections whose copies started and are not done;
 	// they outlive the goroutine of serve.
 	pipes sync.WaitGroup
+	// closing and lingering count client connections closed FIN first
+	// whose full close is still to come (closeClient).
+	closing   sync.WaitGroup
+	lingering atomic.Int64
 	// splicing counts the copies splicing now (MaxSplices).
 	splicing atomic.Int32
 	// bytesIn and bytesOut count the bytes copied each way.
@@ -253,6 +257,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	loops.Wait()
 	p.upstreams.StopDrains()
 	p.drain(&handlers, stopConns)
+	p.closing.Wait() // at most clientCloseGrace
 	p.closePoller()
 	cancel()
 	bg.Wait()

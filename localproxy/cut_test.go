@@ -1,0 +1,184 @@
+package localproxy_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// When the proxy cuts a client connection (its API server left the
+// pool, a drain ended), an HTTP/2 client must see errors client-go sends
+// a GET again after: EOF or a reset, as from a server that went away.
+// Go's HTTP/2 client fails every stream of a connection with "client
+// connection force closed via ClientConn.Close" once one write on it
+// failed, which client-go does not retry: a kubelet's or a controller's
+// GETs in flight would fail instead of going to another API server.
+//
+// The client's goroutines share one thread here, as on a busy node: its
+// writes then meet the cut before its read loop does.
+func TestCutConnectionFailsStreamsRetryably(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for round := range 5 {
+		forceClosed, other, total := cutWhileBusy(t)
+		t.Logf("round %d: %d GETs failed, %d with force closed, %d with other errors client-go does not send again", round, total, forceClosed, other)
+		require.Equal(t, cutGets, total, "every GET fails: its server is gone")
+		require.Zero(t, forceClosed, "GETs failed with \"force closed\", which client-go does not send again")
+		require.Zero(t, other, "GETs failed with errors client-go does not send again")
+	}
+}
+
+// cutGets and cutUploads are the streams on the connection when it is
+// cut: GETs waiting for their answer, and uploads whose bodies flow (the
+// client's writes).
+const cutGets, cutUploads = 20, 8
+
+// cutWhileBusy sends GETs that wait for their answer and uploads whose
+// bodies flow, all on one HTTP/2 connection through the proxy, cuts the
+// connection by removing its API server from the pool, and counts the
+// GETs that failed, and those with an error client-go would not send
+// again. An upload cut midway cannot be sent again by anyone.
+func cutWhileBusy(t *testing.T) (forceClosed, other, total int) {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			io.Copy(io.Discard, r.Body)
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	defer close(release)
+	other2 := newEcho(t)
+
+	r := start(t, localproxy.Config{Endpoints: []string{srv.Listener.Addr().String()}})
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs, ServerName: "example.com"},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", r.addr())
+		},
+	}
+	// As client-go configures its transport (HTTP/2 from x/net).
+	tr = utilnet.SetTransportDefaults(tr)
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	// The connection, before the load.
+	req, _ := http.NewRequest(http.MethodHead, "https://example.com/", nil)
+	go client.Do(req)
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 1 }, 10*time.Second, time.Millisecond)
+
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for i := range cutGets + cutUploads {
+		wg.Go(func() {
+			var req *http.Request
+			if i < cutGets {
+				req, _ = http.NewRequest(http.MethodGet, "https://example.com/", nil)
+			} else {
+				pr, pw := io.Pipe()
+				go func() {
+					chunk := []byte(strings.Repeat("x", 4096))
+					for {
+						if _, err := pw.Write(chunk); err != nil {
+							return
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}()
+				defer pr.Close()
+				req, _ = http.NewRequest(http.MethodPost, "https://example.com/", pr)
+			}
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				err = errors.New("answered")
+			}
+			if i < cutGets {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // the streams are in flight
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: other2.addr()}}))
+	wg.Wait()
+	for _, err := range errs {
+		total++
+		switch {
+		case strings.Contains(err.Error(), "force closed"):
+			forceClosed++
+		case !(utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) || utilnet.IsHTTP2ConnectionLost(err)):
+			other++
+			t.Logf("not retried by client-go: %v", err)
+		}
+	}
+	return forceClosed, other, total
+}
+
+// A cut client connection is closed FIN first: the client reads an EOF,
+// and its socket stays open (a write still lands) for clientCloseGrace.
+// The descriptors held so count against MaxConnections: at the bound the
+// close is at once, and a write after the EOF is answered by a reset.
+func TestCutClientLingersWithinMaxConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		max     int
+		lingers bool
+	}{{"below the bound", 10, true}, {"at the bound", 1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newEcho(t), newEcho(t)
+			r := start(t, localproxy.Config{Endpoints: []string{a.addr()}, MaxConnections: tc.max})
+			c := dial(t, r.addr())
+			require.NoError(t, roundTrip(c, "to a"))
+			require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: b.addr()}}))
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := c.Read(make([]byte, 1))
+			require.ErrorIs(t, err, io.EOF, "read %d bytes", n)
+			if !tc.lingers {
+				// Closed at once: nothing lingers, and a write after the
+				// EOF is answered by a reset.
+				require.Zero(t, r.Lingering())
+				_, err = c.Write([]byte("late"))
+				require.NoError(t, err, "the first write lands in the kernel")
+				require.Eventually(t, func() bool {
+					_, err := c.Write([]byte("x"))
+					return err != nil
+				}, 10*time.Second, time.Millisecond)
+				return
+			}
+			cut := time.Now()
+			// The client's writes still land until the grace is over; the
+			// reset one of them earns then tells when the proxy closed it.
+			require.Eventually(t, func() bool {
+				_, err := c.Write([]byte("x"))
+				return err != nil
+			}, 10*time.Second, time.Millisecond)
+			held := time.Since(cut)
+			t.Logf("the proxy's socket held %v after the EOF", held)
+			require.GreaterOrEqual(t, held, 900*time.Millisecond, "closed before the grace")
+			require.Eventually(t, func() bool { return r.Lingering() == 0 }, 10*time.Second, time.Millisecond)
+		})
+	}
+}
