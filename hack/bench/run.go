@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,25 +18,6 @@ import (
 	"github.com/apifailover/apifailover/hack/testbed"
 )
 
-// repoRoot walks up from the working directory to the directory holding
-// go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory: run from the repository")
-		}
-		dir = parent
-	}
-}
-
 // localproxyBinary is where prepare builds cmd/localproxy.
 func localproxyBinary(root string) string {
 	return filepath.Join(root, "_output", "bench", "bin", "localproxy")
@@ -49,7 +29,7 @@ func localproxyBinary(root string) string {
 // it is not cached (hack/tools/build-kube.sh) and builds the localproxy
 // binary.
 func prepare(say func(string, ...any)) error {
-	root, err := repoRoot()
+	root, err := testbed.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -81,7 +61,7 @@ func runCmd(dir, name string, args ...string) error {
 // run is the benchmark inside the network namespace.
 func run(ctx context.Context, o options, say func(string, ...any), stdout io.Writer) error {
 	began := time.Now()
-	root, err := repoRoot()
+	root, err := testbed.RepoRoot()
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func testExport(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 	healBed(t, ctx, bed)
 	dir := t.TempDir()
 	bin := buildLocalProxy(t, ctx, dir)
-	root, err := repoRoot()
+	root, err := testbed.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func testKubectlUnderFaults(t *testing.T, ctx context.Context, bed *testbed.Bed)
 // testDeployDryRun validates the deployment manifests with the apiserver
 // (admission, defaulting, schema) without creating anything.
 func testDeployDryRun(t *testing.T, ctx context.Context, bed *testbed.Bed) {
-	root, err := repoRoot()
+	root, err := testbed.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,15 +304,9 @@ func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 // buildLocalProxy builds cmd/localproxy into dir and returns the binary.
 func buildLocalProxy(t *testing.T, ctx context.Context, dir string) string {
 	t.Helper()
-	root, err := repoRoot()
+	bin, err := testbed.GoBuild(ctx, dir, "./cmd/localproxy", false)
 	if err != nil {
 		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "localproxy")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/localproxy")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/localproxy: %v\n%s", err, out)
 	}
 	return bin
 }

@@ -11,13 +11,13 @@ package e2e_test
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 
+	"github.com/apifailover/apifailover/hack/testbed"
 	"github.com/apifailover/apifailover/hack/testbed/bedtest"
 )
 
@@ -81,7 +81,7 @@ func writeSummary() error {
 	if len(summary) == 0 {
 		return nil
 	}
-	root, err := repoRoot()
+	root, err := testbed.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -99,23 +99,4 @@ func writeSummary() error {
 	}
 	fmt.Printf("e2e: wrote %s (%d scenarios)\n", path, len(summary))
 	return nil
-}
-
-// repoRoot walks up from the working directory (the package directory
-// under go test) to the directory holding go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
 }
