@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,10 +13,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/apifailover/apifailover/localproxy"
 )
@@ -47,8 +53,8 @@ import (
 //
 // Meanwhile a kubelet-like prober asks /readyz every readyzEvery on a new
 // connection, throughout the soak, and the proxy's open connections, its
-// health server's and this process's file descriptors are sampled every
-// sampleEvery.
+// health server's, and the file descriptors of this process and of the
+// localproxy processes are sampled every sampleEvery.
 const (
 	badInputFrom   = 0.15 // of the soak's duration
 	badInputTo     = 0.75
@@ -109,12 +115,14 @@ type BadInputReport struct {
 	// "431": a 431 status; "held": still open after 5s; "error: ...").
 	Garbage   map[string]int `json:"garbage"`
 	Oversized map[string]int `json:"oversized"`
-	// Proxy connections (localproxy's open-connection gauge): the most
-	// before the attack, during it, and after it. ProxyConnsExcess is
-	// the most it held during the attack beyond the attack's own
-	// connections to it open at that moment, against the bound
-	// loadConns: what the normal load held, and anything the proxy
-	// failed to close when the attacker did.
+	// Proxy connections (the client connections of the localproxy
+	// processes, their sockets on the listen port): the most before the
+	// attack, during it, and after it. ProxyConnsExcess is the most it
+	// held during the attack beyond the attack's own connections to it
+	// open at that moment (their peer is attackSource), against the
+	// bound loadConns: what the normal load held, and any attack
+	// connection the proxy failed to close when the attacker did (its
+	// socket in CLOSE_WAIT).
 	ProxyConnsBefore int64 `json:"proxy_conns_before"`
 	ProxyConnsMax    int64 `json:"proxy_conns_max"`
 	ProxyConnsExcess int64 `json:"proxy_conns_excess"`
@@ -133,14 +141,18 @@ type BadInputReport struct {
 	// HealthEvicted: connections it closed to make room for a new one
 	// (evicted_total): the slowloris clients' above all.
 	HealthEvicted float64 `json:"health_evicted"`
-	// This process's descriptors: sockets and all of them, whose peak
+	// The descriptors of this process (the clients, the attack) and of
+	// the live localproxy processes, summed: all of them, whose peak
 	// includes the kernel pipes of splices under way and those the
-	// runtime pools (closed when collected). SocketsExcess is the most
-	// sockets beyond those before the attack and those the attack
-	// accounts for at that moment (see finish), against SocketsBound.
+	// runtime pools (closed when collected), and their TCP sockets
+	// (countSockets). SocketsExcess is the most sockets beyond those
+	// before the attack and those of the attack at that moment (see
+	// finish), against SocketsBound; SocketsExcessAt says when and what
+	// they were.
 	SocketsBefore   int     `json:"sockets_before"`
 	SocketsMax      int     `json:"sockets_max"`
 	SocketsExcess   int     `json:"sockets_excess"`
+	SocketsExcessAt string  `json:"sockets_excess_at"` // when, and what made it up
 	SocketsBound    int     `json:"sockets_excess_bound"`
 	FDsBefore       int     `json:"fds_before"`
 	FDsMax          int     `json:"fds_max"`
@@ -165,7 +177,6 @@ type badInput struct {
 	from, to              time.Time
 
 	open      atomic.Int64 // attack connections open now
-	openProxy atomic.Int64 // of them, to the listen address
 	maxOpen   atomic.Int64
 	opened    atomic.Int64
 	openedH   atomic.Int64
@@ -174,20 +185,23 @@ type badInput struct {
 	attackers sync.WaitGroup
 	monitors  sync.WaitGroup
 	stopMon   context.CancelFunc
+	proberErr error         // guarded by mu
 	attackEnd chan struct{} // closed when the attackers are done
 }
 
 // startBadInput starts the monitors at once and the attack at from (both
 // relative to began), until to.
-func startBadInput(ctx context.Context, lp *proxyHandle, proxyAddr string, began time.Time, d time.Duration) *badInput {
-	b := &badInput{proxyAddr: proxyAddr, healthAddr: lp.current().HealthAddr().String(), lp: lp, began: began,
+func startBadInput(ctx context.Context, lp *proxyHandle, proxyAddr string, began time.Time, d time.Duration, proberBin, out string) *badInput {
+	b := &badInput{proxyAddr: proxyAddr, healthAddr: lp.health, lp: lp, began: began,
 		from: began.Add(time.Duration(float64(d) * badInputFrom)), to: began.Add(time.Duration(float64(d) * badInputTo)),
 		attackEnd: make(chan struct{})}
 	b.rep = BadInputReport{Garbage: map[string]int{}, Oversized: map[string]int{}, HealthConnsCap: localproxy.HealthMaxConnections,
 		From: b.from.Sub(began).Seconds(), To: b.to.Sub(began).Seconds()}
 	mctx, cancel := context.WithCancel(ctx)
 	b.stopMon = cancel
-	b.monitors.Go(func() { b.probeReadyz(mctx) })
+	if err := b.startProber(mctx, proberBin, out); err != nil {
+		b.proberErr = err
+	}
 	b.monitors.Go(func() { b.sample(mctx) })
 	actx, acancel := context.WithDeadline(ctx, b.to)
 	go func() {
@@ -226,44 +240,135 @@ func jittered(d time.Duration) time.Duration {
 	return d + time.Duration(rand.Int64N(int64(d)/2+1))
 }
 
-// dial opens an attack connection, counted while open.
+// attackSource is the address every attack connection comes from, so
+// that its sockets are told apart from the load's (which come from
+// 127.0.0.1) in /proc/net/tcp, whatever the scheduling of the attack's
+// goroutines.
+const attackSource = "127.0.0.2"
+
+// socketCount is what a moment's TCP sockets of this process and of the
+// localproxy instances hold: a snapshot of /proc/net/tcp, then each
+// process's descriptors, and only the sockets found in both (one opened
+// or closed between the two reads counts nowhere).
+type socketCount struct {
+	// all: every such socket; byInstance: the localproxy instances'
+	// (the serving one first).
+	all        int
+	byInstance []int
+	// attacker: this process's sockets from attackSource;
+	// proxyAccepted and healthAccepted: those the localproxy instances
+	// accepted from it on their listen and health ports, established (a
+	// socket in CLOSE_WAIT, whose attacker closed it, is not the
+	// attack's any more); conns: every client connection they hold.
+	attacker                      int
+	proxyAccepted, healthAccepted int64
+	conns                         int64
+	// kinds says what the sockets are, by process (see kind).
+	kinds func() string
+}
+
+// countSockets counts the sockets of this process and of the localproxy
+// instances pids now.
+func (b *badInput) countSockets(pids []int) socketCount {
+	tab := readTCPTable()
+	from := procIP(attackSource)
+	self := tab.sockets(os.Getpid())
+	c := socketCount{all: len(self), byInstance: make([]int, len(pids))}
+	byPid := [][]tcpSocket{self}
+	for _, s := range self {
+		if s.localIP == from {
+			c.attacker++
+		}
+	}
+	for i, pid := range pids {
+		socks := tab.sockets(pid)
+		byPid = append(byPid, socks)
+		c.all += len(socks)
+		c.byInstance[i] = len(socks)
+		for _, s := range socks {
+			switch {
+			case s.localPort == b.lp.port && s.remoteIP == from && s.state == "01":
+				c.proxyAccepted++
+			case s.localPort == b.lp.port+1 && s.remoteIP == from && s.state == "01":
+				c.healthAccepted++
+			}
+			if s.localPort == b.lp.port && s.connected() {
+				c.conns++
+			}
+		}
+	}
+	c.kinds = func() string {
+		var parts []string
+		for i, socks := range byPid {
+			kinds := map[string]int{}
+			for _, s := range socks {
+				kinds[b.kind(s, from)]++
+			}
+			who := "this process"
+			if i > 0 {
+				who = fmt.Sprintf("localproxy pid %d", pids[i-1])
+			}
+			parts = append(parts, fmt.Sprintf("%s: %v", who, kinds))
+		}
+		return strings.Join(parts, "; ")
+	}
+	return c
+}
+
+// kind says what a socket is: listening, or its ports and state, and
+// whether the attack's.
+func (b *badInput) kind(s tcpSocket, attack string) string {
+	name := func(port int) string {
+		switch port {
+		case b.lp.port:
+			return "the listen port"
+		case b.lp.port + 1:
+			return "the health port"
+		}
+		return fmt.Sprintf("port %d", port)
+	}
+	var k string
+	switch {
+	case s.state == "0A":
+		return "listening"
+	case s.localPort == b.lp.port || s.localPort == b.lp.port+1:
+		k = "accepted on " + name(s.localPort)
+	default:
+		k = "to " + name(s.remotePort)
+	}
+	if s.localIP == attack || s.remoteIP == attack {
+		k = "attack " + k
+	}
+	return k + ", state " + s.state
+}
+
+// dial opens an attack connection from attackSource, counted while open.
 func (b *badInput) dial(ctx context.Context, addr string) (net.Conn, error) {
-	d := net.Dialer{Timeout: 2 * time.Second}
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(attackSource)}}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	n := b.open.Add(1)
-	proxy := addr == b.proxyAddr
-	if proxy {
-		b.openProxy.Add(1)
-	}
 	for {
 		m := b.maxOpen.Load()
 		if n <= m || b.maxOpen.CompareAndSwap(m, n) {
 			break
 		}
 	}
-	return &countedConn{Conn: c, b: b, proxy: proxy}, nil
+	return &countedConn{Conn: c, b: b}, nil
 }
 
 type countedConn struct {
 	net.Conn
-	b     *badInput
-	proxy bool // to the listen address
-	once  sync.Once
+	b    *badInput
+	once sync.Once
 }
 
-// Close closes the connection, then stops counting it: a sample never
-// counts a connection the proxy still holds as closed by the attacker.
+// Close closes the connection and stops counting it.
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() {
-		c.b.open.Add(-1)
-		if c.proxy {
-			c.b.openProxy.Add(-1)
-		}
-	})
+	c.once.Do(func() { c.b.open.Add(-1) })
 	return err
 }
 
@@ -438,54 +543,74 @@ func (b *badInput) note(m map[string]int, k string) {
 	b.mu.Unlock()
 }
 
-// probeReadyz asks /readyz as kubelet does: a new connection each time,
-// readyzLimit to answer.
-func (b *badInput) probeReadyz(ctx context.Context) {
-	hc := &http.Client{Timeout: readyzLimit, Transport: &http.Transport{DisableKeepAlives: true}}
-	defer hc.CloseIdleConnections()
-	url := "http://" + b.healthAddr + "/readyz"
-	t := time.NewTicker(readyzEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+// startProber runs the prober (cmd hack/chaos/prober, a process of its
+// own as kubelet is) against /readyz until ctx ends: a new connection
+// every readyzEvery, readyzLimit to answer. Its results come back as
+// lines on its standard output, its log is _output/chaos/prober.log.
+func (b *badInput) startProber(ctx context.Context, bin, out string) error {
+	f, err := os.Create(filepath.Join(out, "prober.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, bin, "-url=http://"+b.healthAddr+"/readyz", "-every="+readyzEvery.String(), "-timeout="+readyzLimit.String())
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not outliving the soak
+	cmd.WaitDelay = 10 * time.Second
+	cmd.Stdout = &lineWriter{w: f, line: b.onProbe}
+	cmd.Stderr = f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("the /readyz prober: %w", err)
+	}
+	b.monitors.Go(func() {
+		defer f.Close()
+		if err := cmd.Wait(); err != nil && ctx.Err() == nil {
+			b.mu.Lock()
+			b.proberErr = fmt.Errorf("the /readyz prober exited: %w", err)
+			b.mu.Unlock()
 		}
-		start := time.Now()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := hc.Do(req)
-		took := time.Since(start)
-		if ctx.Err() != nil {
-			return
+	})
+	return nil
+}
+
+// probeResult is a line of the prober's output.
+type probeResult struct {
+	Start   time.Time `json:"start"`
+	Seconds float64   `json:"seconds"`
+	Status  int       `json:"status"`
+	Error   string    `json:"error"`
+}
+
+// onProbe counts one probe of the prober.
+func (b *badInput) onProbe(line []byte) {
+	var r probeResult
+	if err := json.Unmarshal(line, &r); err != nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rep.Readyz++
+	switch {
+	case r.Error != "":
+		b.rep.ReadyzMissed++
+		if len(b.rep.ReadyzMissedAt) < 20 {
+			b.rep.ReadyzMissedAt = append(b.rep.ReadyzMissedAt, fmt.Sprintf("%.1fs: %s", r.Start.Sub(b.began).Seconds(), r.Error))
 		}
-		b.mu.Lock()
-		b.rep.Readyz++
-		switch {
-		case err != nil:
-			b.rep.ReadyzMissed++
-			if len(b.rep.ReadyzMissedAt) < 20 {
-				b.rep.ReadyzMissedAt = append(b.rep.ReadyzMissedAt, fmt.Sprintf("%.1fs: %v", start.Sub(b.began).Seconds(), err))
-			}
-		case resp.StatusCode == http.StatusOK:
-			b.rep.ReadyzOK++
-		case resp.StatusCode == http.StatusServiceUnavailable:
-			b.rep.Readyz503++
-		default:
-			b.rep.ReadyzMissed++
-		}
-		if err == nil {
-			b.rep.ReadyzSlowest = max(b.rep.ReadyzSlowest, took.Seconds())
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		b.mu.Unlock()
+	case r.Status == http.StatusOK:
+		b.rep.ReadyzOK++
+	case r.Status == http.StatusServiceUnavailable:
+		b.rep.Readyz503++
+	default:
+		b.rep.ReadyzMissed++
+	}
+	if r.Error == "" {
+		b.rep.ReadyzSlowest = max(b.rep.ReadyzSlowest, r.Seconds)
 	}
 }
 
 // sample records the proxy's and the health server's open connections
-// and this process's descriptors: their peak before the attack and
-// during it.
+// and the descriptors of this process and localproxy's: their peak
+// before the attack and during it.
 func (b *badInput) sample(ctx context.Context) {
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
@@ -496,28 +621,33 @@ func (b *badInput) sample(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		// The attack's connections first: one opened between the reads
-		// counts in neither, one closed in between in both.
-		attackAll, attackProxy := b.open.Load(), b.openProxy.Load()
-		conns := b.lp.current().Status().ActiveConnections
-		fds, sockets, pipes := countFDKinds()
-		health := b.gauge("apifailover_localproxy_health_connections_active")
+		pids := b.lp.pids()
+		a := b.countSockets(pids)
+		sockets := a.all
+		fds, _, pipes := countFDKinds(append(pids, os.Getpid())...)
+		// Either instance may answer during a hand-over: each has its
+		// own cap.
+		mfs, _ := b.lp.metrics(ctx)
+		health := metricSum(mfs, "apifailover_localproxy_health_connections_active", "")[""]
 		b.mu.Lock()
 		switch {
 		case now.Before(b.from):
-			b.rep.ProxyConnsBefore = max(b.rep.ProxyConnsBefore, conns)
+			b.rep.ProxyConnsBefore = max(b.rep.ProxyConnsBefore, a.conns)
 			b.rep.FDsBefore = max(b.rep.FDsBefore, fds)
 			b.rep.SocketsBefore = max(b.rep.SocketsBefore, sockets)
 		case now.Before(b.to.Add(time.Second)):
-			b.rep.ProxyConnsMax = max(b.rep.ProxyConnsMax, conns)
-			b.rep.ProxyConnsExcess = max(b.rep.ProxyConnsExcess, conns-attackProxy)
+			b.rep.ProxyConnsMax = max(b.rep.ProxyConnsMax, a.conns)
+			b.rep.ProxyConnsExcess = max(b.rep.ProxyConnsExcess, a.conns-a.proxyAccepted)
 			b.rep.FDsMax = max(b.rep.FDsMax, fds)
 			b.rep.SocketsMax = max(b.rep.SocketsMax, sockets)
-			// Each attack connection to the listen address is three
-			// sockets here (the attacker's, the proxy's accepted one and
-			// its upstream one), one to the health address two.
-			attackHealth := attackAll - attackProxy
-			b.rep.SocketsExcess = max(b.rep.SocketsExcess, sockets-b.rep.SocketsBefore-3*int(attackProxy)-2*int(attackHealth))
+			// The attack's sockets: the attacker's, those localproxy
+			// accepted from it, and one upstream socket for each of
+			// those on the listen address.
+			if excess := sockets - b.rep.SocketsBefore - a.attacker - 2*int(a.proxyAccepted) - int(a.healthAccepted); excess > b.rep.SocketsExcess {
+				b.rep.SocketsExcess = excess
+				b.rep.SocketsExcessAt = fmt.Sprintf("%.1fs: %d sockets, %d of them localproxy's (by instance, the serving one first: %v), %d before the attack; the attack's: %d of the attacker, %d accepted on the listen address, %d on the health address; localproxy's client connections %d; %s",
+					now.Sub(b.began).Seconds(), sockets, sum(a.byInstance), a.byInstance, b.rep.SocketsBefore, a.attacker, a.proxyAccepted, a.healthAccepted, a.conns, a.kinds())
+			}
 			b.rep.PipesMax = max(b.rep.PipesMax, pipes)
 			b.rep.HealthConnsMax = max(b.rep.HealthConnsMax, health)
 		}
@@ -525,27 +655,11 @@ func (b *badInput) sample(ctx context.Context) {
 	}
 }
 
-// gauge sums the metric name's samples in the proxy's registry.
-func (b *badInput) gauge(name string) float64 {
-	sum := 0.0
-	for _, v := range b.byLabel(name, "") {
-		sum += v
-	}
-	return sum
-}
-
-// byLabel returns the metric name's samples in the proxy's registry by
-// the value of label (all under "" if label is "").
-func (b *badInput) byLabel(name, label string) map[string]float64 {
+// metricSum sums the samples of the metric name in mfs by the value of
+// label (all under "" if label is "").
+func metricSum(mfs map[string]*dto.MetricFamily, name, label string) map[string]float64 {
 	out := map[string]float64{}
-	mfs, err := b.lp.registry().Gather()
-	if err != nil {
-		return out
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
+	if mf := mfs[name]; mf != nil {
 		for _, m := range mf.GetMetric() {
 			k := ""
 			for _, lp := range m.GetLabel() {
@@ -564,24 +678,6 @@ func (b *badInput) byLabel(name, label string) map[string]float64 {
 	return out
 }
 
-// countFDKinds counts this process's descriptors: all, sockets, pipes.
-func countFDKinds() (all, sockets, pipes int) {
-	es, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0, 0, 0
-	}
-	for _, e := range es {
-		all++
-		switch l, _ := os.Readlink("/proc/self/fd/" + e.Name()); {
-		case strings.HasPrefix(l, "socket:"):
-			sockets++
-		case strings.HasPrefix(l, "pipe:"):
-			pipes++
-		}
-	}
-	return all, sockets, pipes
-}
-
 // finish waits for the attack to end, checks that what it opened is
 // released, stops the monitors and returns the report and the violated
 // invariants.
@@ -595,7 +691,7 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 	b.mu.Unlock()
 	var after int64
 	for {
-		after = b.lp.current().Status().ActiveConnections
+		after = b.lp.clientConns()
 		if after <= before+releasedSlack || time.Since(ended) > releaseWithin || ctx.Err() != nil {
 			break
 		}
@@ -610,12 +706,20 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 	r.ReleasedSeconds = time.Since(ended).Seconds()
 	r.ProxyConnsAfter, r.FDsAfter = after, countFDs()
 	r.SlowlorisOpened, r.SlowlorisHealthOpened, r.MaxAttackConns = b.opened.Load(), b.openedH.Load(), b.maxOpen.Load()
-	r.ProxyRejected = b.byLabel("apifailover_localproxy_connections_rejected_total", "reason")
-	r.HealthRejected = b.gauge("apifailover_localproxy_health_connections_rejected_total")
-	r.HealthEvicted = b.gauge("apifailover_localproxy_health_connections_evicted_total")
+	// The serving instance's counters (those of instances replaced by a
+	// hand-over are gone with them).
+	var mfs map[string]*dto.MetricFamily
+	_ = waitFor(ctx, 10*time.Second, func() bool {
+		var err error
+		mfs, err = b.lp.metrics(ctx)
+		return err == nil
+	})
+	r.ProxyRejected = metricSum(mfs, "apifailover_localproxy_connections_rejected_total", "reason")
+	r.HealthRejected = metricSum(mfs, "apifailover_localproxy_health_connections_rejected_total", "")[""]
+	r.HealthEvicted = metricSum(mfs, "apifailover_localproxy_health_connections_evicted_total", "")[""]
 	// Bounds: beyond the attack's connections open at the moment, the
-	// proxy holds at most the load's (loadConns); this process's sockets
-	// grow by three per attack connection to the listen address and two
+	// proxy holds at most the load's (loadConns); the sockets (this
+	// process's and localproxy's) grow by three per attack connection to the listen address and two
 	// per health connection, and by at most three per load connection
 	// (the client's, the proxy's two) or one (transport.Wrap's). Pipes
 	// are not bounded here: a splice takes one from the runtime's pool
@@ -626,6 +730,9 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 	r.ProxyConnsBound = loadConns
 	r.SocketsBound = 3 * loadConns
 	var v []string
+	if b.proberErr != nil {
+		v = append(v, "bad input: "+b.proberErr.Error())
+	}
 	if r.ProxyConnsExcess > r.ProxyConnsBound {
 		v = append(v, fmt.Sprintf("bad input: localproxy held %d connections beyond the attack's during it, above the bound %d", r.ProxyConnsExcess, r.ProxyConnsBound))
 	}
@@ -645,4 +752,12 @@ func (b *badInput) finish(ctx context.Context) (BadInputReport, []string) {
 		v = append(v, "bad input: the attack opened no connection")
 	}
 	return r, v
+}
+
+func sum(v []int) int {
+	n := 0
+	for _, x := range v {
+		n += x
+	}
+	return n
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/netip"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -56,10 +53,10 @@ type JoinReport struct {
 	// ConnsLeft the connections still routed to it then).
 	Dropped   map[string]float64 `json:"dropped_s"`
 	ConnsLeft map[string]int     `json:"conns_left,omitempty"`
-	// SocketsLeft counts the TCP sockets of this process (both paths,
-	// their probes, the bed's clients) still connected to the address
-	// (ESTABLISHED or CLOSE_WAIT in the network namespace's
-	// /proc/net/tcp, where only this process has clients) once the paths
+	// SocketsLeft counts the TCP sockets of the soak's clients and
+	// localproxy (both paths, their probes, the bed's clients) still
+	// connected to the address (ESTABLISHED or CLOSE_WAIT in the network
+	// namespace's /proc/net/tcp, where only they are clients) once the paths
 	// had let it go, or leaveLimit after it left the slice: the server
 	// has exited, so each is a connection nobody closed (a violation).
 	// It does not rely on the clients' own counts.
@@ -134,7 +131,7 @@ func (r *run) join(ctx context.Context) (func() error, error) {
 		w.wait()
 		rep, violations := w.report()
 		if rep.SocketsLeft = sockets; sockets > 0 {
-			violations = append(violations, fmt.Sprintf("leave of %s: %d sockets of this process still connected to %s %s after it left the EndpointSlice", rep.Server, sockets, rep.Addr, leaveLimit))
+			violations = append(violations, fmt.Sprintf("leave of %s: %d sockets still connected to %s %s after it left the EndpointSlice", rep.Server, sockets, rep.Addr, leaveLimit))
 		}
 		r.say("%s left: %+v", s.Name(), rep)
 		f.mu.Lock()
@@ -296,33 +293,4 @@ func (w *joinWatch) report() (JoinReport, []string) {
 	}
 	slices.Sort(violations)
 	return rep, violations
-}
-
-// connectedSockets counts the TCP sockets in this network namespace
-// connected to addr (an IPv4 "a.b.c.d:port") in state ESTABLISHED or
-// CLOSE_WAIT, from /proc/net/tcp; -1 if it cannot be read.
-func connectedSockets(addr string) int {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || !ap.Addr().Is4() {
-		return -1
-	}
-	ip := ap.Addr().As4()
-	// The address as a 32-bit word in host byte order (little-endian
-	// here), the port in hex.
-	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", ip[3], ip[2], ip[1], ip[0], ap.Port())
-	b, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
-		return -1
-	}
-	n := 0
-	for _, l := range strings.Split(string(b), "\n")[1:] {
-		f := strings.Fields(l)
-		if len(f) < 4 || f[2] != want {
-			continue
-		}
-		if f[3] == "01" || f[3] == "08" { // ESTABLISHED, CLOSE_WAIT
-			n++
-		}
-	}
-	return n
 }

@@ -43,7 +43,9 @@ type pathView struct {
 	healthy bool
 	// conns are client connections routed to the address: the
 	// transport's tracked connections, localproxy's connections to the
-	// upstream (in the pool, or removed and draining).
+	// upstream (in the pool, or removed and draining; for an instance
+	// draining after a hand-over, its sockets to the address, its held
+	// probe's among them).
 	conns int
 }
 
@@ -60,17 +62,27 @@ func (f *faultState) view(addr string) map[string]pathView {
 	tv.conns = f.tr.OpenConns()[addr]
 	out[pathTransport] = tv
 
+	// localproxy: the serving instance's last /status, and the sockets
+	// to addr of instances still draining after a hand-over (whose
+	// /status the health port no longer reaches: new connections to it
+	// go to the successor).
 	var lv pathView
-	st := f.lp.current().Status()
+	st, _ := f.lp.status()
 	for _, u := range st.Upstreams {
 		if u.Addr == addr {
-			lv.inPool, lv.healthy = true, u.Status.State == upstream.StateHealthy
+			lv.inPool, lv.healthy = true, u.State == upstream.StateHealthy.String()
 			lv.conns += u.Conns
 		}
 	}
 	for _, rm := range st.Removed {
 		if rm.Addr == addr {
 			lv.conns += rm.Conns
+		}
+	}
+	if others := f.lp.others(); len(others) > 0 {
+		tab := readTCPTable()
+		for _, pid := range others {
+			lv.conns += tab.socketsTo(pid, addr)
 		}
 	}
 	out[pathLocalProxy] = lv
@@ -129,7 +141,7 @@ func (r *run) reportFaults(s *Summary, results map[string]workload.Results, wind
 	violations := slices.Clone(f.violations)
 	h := &s.Handovers
 	h.Failed, h.Refused = handoverFailures(results, windows)
-	h.HandedOver = handedOver(r.logs.String())
+	h.HandedOver = handedOver(f.lp.logs())
 	if h.Refused > 0 {
 		violations = append(violations, fmt.Sprintf("%d connections to localproxy refused during its hand-overs", h.Refused))
 	}

@@ -67,12 +67,24 @@ func TestHandoverFailures(t *testing.T) {
 	}
 }
 
-func TestHandedOver(t *testing.T) {
-	logs := `localproxy "level"=0 "msg"="successor listening; handing over" "instance"=1 "ready"=true "waited"="42ms"
-localproxy "level"=0 "msg"="successor listening; handing over" "instance"=2 "ready"=false "waited"="2s"
-localproxy "level"=0 "msg"="proxy stopped" "instance"=1
-`
-	if n := handedOver(logs); n != 1 {
-		t.Errorf("handedOver = %d, want 1 (the other did not wait for a ready successor)", n)
+// errorKind tells the errors client-go sends a GET again after from those
+// it does not.
+func TestErrorKind(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{errors.New(`Get "https://127.0.0.1:7445/api": http2: client connection force closed via ClientConn.Close`), "force closed"},
+		{errors.New(`Get "https://127.0.0.1:7445/api": http2: client connection lost`), "lost"},
+		{errors.New(`read tcp 127.0.0.1:1->127.0.0.1:7445: read: connection reset by peer`), "reset"},
+		{errors.New(`Post "https://127.0.0.1:7445/api": unexpected EOF`), "EOF"},
+		{errors.New(`the server has received too many requests and has asked us to try again later (post configmaps)`), "429"},
+		{errors.New(`context deadline exceeded`), "timeout"},
+		{errors.New(`something else`), "other"},
+		{nil, "none"},
+	} {
+		if got := errorKind(tc.err); got != tc.want {
+			t.Errorf("errorKind(%v) = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }

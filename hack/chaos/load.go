@@ -51,6 +51,7 @@ type load struct {
 	churn      *churn
 	bad        *badInput
 	cpuStart   cpuSample
+	lp         *proxyHandle // for the CPU account
 	report     LoadReport
 	violations []string
 }
@@ -109,10 +110,11 @@ func (l *load) describe() string {
 // startFaulted starts what runs with the faults: the EndpointSlice churn
 // and the bad input, and the CPU account.
 func (l *load) startFaulted(ctx context.Context, r *run, f *transport.Failover, lp *proxyHandle, plan []Step) {
-	l.cpuStart = takeCPU()
-	l.churn = startChurn(ctx, l.admin, r.bed, []pathPool{{pathTransport, f.Pool}, {pathLocalProxy, func() *upstream.Pool { return lp.current().Pool() }}}, plan, r.began)
+	l.cpuStart = takeCPU(lp)
+	l.lp = lp
+	l.churn = startChurn(ctx, l.admin, r.bed, []pathPool{{pathTransport, f.Pool().Status}, {pathLocalProxy, lp.poolStatus}}, plan, r.began)
 	listen := strings.TrimPrefix(r.bed.RESTConfig(testbed.LocalProxy).Host, "https://")
-	l.bad = startBadInput(ctx, lp, listen, r.began, r.opts.Duration)
+	l.bad = startBadInput(ctx, lp, listen, r.began, r.opts.Duration, r.proberBin, r.opts.Out)
 }
 
 // finish stops the load, compares what it recorded and the caches with
@@ -126,9 +128,9 @@ func (l *load) finish(ctx context.Context) map[string]workload.Results {
 	l.workers.stop()
 	stopped := time.Now()
 	if l.cpuStart.at.IsZero() {
-		l.cpuStart = takeCPU()
+		l.cpuStart = takeCPU(l.lp)
 	}
-	l.report.CPU = cpuBetween(l.cpuStart, takeCPU(), runtime.NumCPU())
+	l.report.CPU = cpuBetween(l.cpuStart, takeCPU(l.lp), runtime.NumCPU())
 	if l.churn != nil {
 		var v []string
 		l.report.Slices, v = l.churn.finish(ctx)

@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// The soak's CPU: this process (the clients, localproxy, the attack) and
-// every process under it (etcd, the apiservers, kubectl), from /proc, over
-// the load; and the whole machine's busy share (/proc/stat: other work on
-// the machine counts there too).
+// The soak's CPU: this process (the clients, the attack), the localproxy
+// processes, and every other process under it (etcd, the apiservers,
+// kubectl), from /proc, over the load; and the whole machine's busy share
+// (/proc/stat: other work on the machine counts there too).
 
 // clockTick is USER_HZ, the unit of /proc's CPU times (100 on Linux).
 const clockTick = 100
@@ -19,9 +19,10 @@ const clockTick = 100
 type cpuSample struct {
 	at time.Time
 	// self: this process's user+system; reaped: its waited-for children's
-	// (apiservers killed and restarted, kubectl runs); others: the live
-	// descendants' (etcd, the apiservers).
-	self, reaped, others float64
+	// (apiservers killed and restarted, kubectl runs) but localproxy's;
+	// others: the live descendants' (etcd, the apiservers) but
+	// localproxy's; proxy: the localproxy processes', live or exited.
+	self, reaped, others, proxy float64
 	// busy and total: the machine's, from /proc/stat.
 	busy, total float64
 }
@@ -29,21 +30,32 @@ type cpuSample struct {
 // CPUReport is the CPU the soak used while its load ran.
 type CPUReport struct {
 	Seconds float64 `json:"wall_s"`
-	// Client is this process (clients, localproxy, attack), in cores
-	// (CPU seconds per second); Bed is etcd, the apiservers and kubectl;
-	// Machine is the whole machine's busy share times its cores.
-	Client  float64 `json:"client_cores"`
-	Bed     float64 `json:"bed_cores"`
-	Machine float64 `json:"machine_cores"`
-	Cores   int     `json:"cores"`
+	// Client is this process (clients, attack), in cores (CPU seconds
+	// per second); LocalProxy its instances (built with the race
+	// detector, logging every connection); Bed is etcd, the apiservers
+	// and kubectl; Machine is the whole machine's busy share times its
+	// cores.
+	Client     float64 `json:"client_cores"`
+	LocalProxy float64 `json:"localproxy_cores"`
+	Bed        float64 `json:"bed_cores"`
+	Machine    float64 `json:"machine_cores"`
+	Cores      int     `json:"cores"`
 }
 
-func takeCPU() cpuSample {
+// takeCPU samples the CPU times; lp (nil: none) tells the localproxy
+// processes apart.
+func takeCPU(lp *proxyHandle) cpuSample {
 	s := cpuSample{at: time.Now()}
 	self := os.Getpid()
+	proxies := map[int]bool{}
+	if lp != nil {
+		var exited float64
+		proxies, exited = lp.cpu()
+		s.proxy, s.reaped = exited, -exited
+	}
 	if f := statFields(self); f != nil {
-		s.self = ticks(f, 14) + ticks(f, 15)   // utime, stime
-		s.reaped = ticks(f, 16) + ticks(f, 17) // cutime, cstime
+		s.self = ticks(f, 14) + ticks(f, 15)    // utime, stime
+		s.reaped += ticks(f, 16) + ticks(f, 17) // cutime, cstime
 	}
 	parent := map[int]int{}
 	fields := map[int][]string{}
@@ -59,6 +71,10 @@ func takeCPU() cpuSample {
 		}
 	}
 	for pid, f := range fields {
+		if proxies[pid] {
+			s.proxy += ticks(f, 14) + ticks(f, 15)
+			continue
+		}
 		for p := parent[pid]; p > 1; p = parent[p] {
 			if p == self {
 				s.others += ticks(f, 14) + ticks(f, 15)
@@ -114,6 +130,7 @@ func cpuBetween(a, b cpuSample, cores int) CPUReport {
 	}
 	r := CPUReport{Seconds: wall, Cores: cores}
 	r.Client = (b.self - a.self) / wall
+	r.LocalProxy = (b.proxy - a.proxy) / wall
 	r.Bed = (b.reaped - a.reaped + b.others - a.others) / wall
 	if dt := b.total - a.total; dt > 0 {
 		r.Machine = (b.busy - a.busy) / dt * float64(cores)

@@ -148,7 +148,7 @@ func TestMadeUp(t *testing.T) {
 }
 
 func TestCPUFields(t *testing.T) {
-	s := takeCPU()
+	s := takeCPU(nil)
 	if s.self <= 0 || s.total <= 0 || s.busy > s.total {
 		t.Errorf("takeCPU() = %+v: want this process's CPU and the machine's", s)
 	}

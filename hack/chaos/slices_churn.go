@@ -101,11 +101,11 @@ type miss struct {
 	rv    string
 }
 
-// pathPool is a path's pool (localproxy's is that of its current
-// instance).
+// pathPool is a path's pool, as its Status lists it (localproxy's as the
+// serving instance's last /status lists it).
 type pathPool struct {
-	path string
-	pool func() *upstream.Pool
+	path   string
+	status func() []upstream.Status
 }
 
 // madeUp reports whether addr is one of the churn's made-up addresses.
@@ -338,7 +338,7 @@ func (c *churn) check(ctx context.Context) {
 	defer c.mu.Unlock()
 	c.rep.Checks++
 	for _, pp := range c.pools {
-		st := pp.pool().Status()
+		st := pp.status()
 		c.rep.MaxPool = max(c.rep.MaxPool, len(st))
 		discovered := map[string]bool{}
 		in := map[string]bool{}
@@ -397,7 +397,7 @@ func (c *churn) finish(ctx context.Context) (SliceReport, []string) {
 	for {
 		leftover = 0
 		for _, pp := range c.pools {
-			for _, s := range pp.pool().Status() {
+			for _, s := range pp.status() {
 				if madeUp(s.Addr) {
 					leftover++
 				}

@@ -96,6 +96,10 @@ type Summary struct {
 	FailuresByFault map[string]int `json:"failures_by_fault"`
 	// FailureSamples holds the first error of each FailuresByFault key.
 	FailureSamples map[string]string `json:"failure_samples"`
+	// FailureErrors counts the fault-window failures by path, method
+	// (GET or a write) and kind of error (errorKind): what a client saw,
+	// and whether client-go would have sent a GET again.
+	FailureErrors map[string]int `json:"failure_errors"`
 	// SuccessRatio counts every request but those failed in the all-down
 	// phase.
 	SuccessRatio float64 `json:"success_ratio"`
@@ -139,6 +143,9 @@ type Summary struct {
 	Joins      []JoinReport   `json:"joins"`
 	CertFaults []CertReport   `json:"cert_faults"`
 	Handovers  HandoverReport `json:"handovers"`
+	// LocalProxy is what was measured of the localproxy processes
+	// (MaxRSSBytes and the leaks above are this process's: the clients).
+	LocalProxy LocalProxyReport `json:"localproxy"`
 	// Load is the CRUD workers, the caches, the bad input, the
 	// EndpointSlice churn and the CPU (load.go).
 	Load LoadReport `json:"load"`
@@ -156,7 +163,15 @@ type run struct {
 	opts Options
 	bed  *testbed.Bed
 	say  func(format string, args ...any)
-	logs syncBuffer // the clients' and localproxy's logs
+	logs syncBuffer // the clients' logs (localproxy's are files of their own)
+	// proberBin is the kubelet-like /readyz prober (hack/chaos/prober).
+	proberBin string
+	// proxyBin is cmd/localproxy built with the race detector; lpBase
+	// and lpEnd its goroutines and descriptors before the load and once
+	// the clients stopped.
+	proxyBin          string
+	lpBaseG, lpBaseFD int
+	lpEndG, lpEndFD   int
 	// began is when the load started: the schedule's time zero.
 	began time.Time
 	// events are the paths' pool events.
@@ -187,6 +202,19 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	replay := fmt.Sprintf("make chaos SEED=%d DURATION=%s", opts.Seed, opts.Duration)
 	r.say("seed %d, %s (replay: %s); schedule, in seconds after the load starts:\n%s", opts.Seed, opts.Duration, replay, FormatPlan(plan))
 
+	bindir, err := os.MkdirTemp("", "chaos-localproxy-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(bindir)
+	r.say("building cmd/localproxy with the race detector, and the /readyz prober")
+	if r.proxyBin, err = testbed.GoBuild(ctx, bindir, "./cmd/localproxy", true); err != nil {
+		return nil, err
+	}
+	if r.proberBin, err = testbed.GoBuild(ctx, bindir, "./hack/chaos/prober", false); err != nil {
+		return nil, err
+	}
+
 	bopts := opts.Bed
 	bopts.APIServers = 3
 	if bopts.Log == nil {
@@ -202,7 +230,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	baseG, baseFD := runtime.NumGoroutine(), countFDs()
 
 	s := &Summary{Seed: opts.Seed, Duration: opts.Duration.Seconds(), Schedule: plan, Replay: replay,
-		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, FailureSamples: map[string]string{}, ByPath: map[string]int{}, RetriedGets: map[string]Retried{}}
+		Failures: map[string]int{classFault: 0, classAllDown: 0, classUnexplain: 0}, FailuresByFault: map[string]int{}, FailureSamples: map[string]string{}, FailureErrors: map[string]int{}, ByPath: map[string]int{}, RetriedGets: map[string]Retried{}}
 	var violations []string
 	violate := func(format string, args ...any) {
 		v := fmt.Sprintf(format, args...)
@@ -240,7 +268,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 				s.RetriedGets[path] = rt
 			}
 		}
-		for _, rq := range slices.Concat(res.Gets, res.Writes) {
+		for i, rq := range slices.Concat(res.Gets, res.Writes) {
 			total++
 			s.ByPath[path]++
 			if rq.OK() {
@@ -255,6 +283,11 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 				continue
 			case classFault:
 				key := string(kind) + "/" + path
+				method := "GET"
+				if i >= len(res.Gets) {
+					method = "write"
+				}
+				s.FailureErrors[path+"/"+method+"/"+errorKind(rq.Err)]++
 				if s.FailuresByFault[key]++; s.FailureSamples[key] == "" {
 					s.FailureSamples[key] = rq.Err.Error()
 				}
@@ -377,15 +410,33 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if s.LeakedFDs > leakSlack {
 		violate("%d file descriptors above the baseline of %d after the clients stopped", s.LeakedFDs, baseFD)
 	}
-	s.MaxRSSBytes = maxRSS()
+	s.MaxRSSBytes = procStatusBytes(os.Getpid(), "VmHWM:")
+
+	// localproxy, a process of its own: its memory, its races, how each
+	// instance ended, and what the serving one held once the clients
+	// stopped.
+	s.LocalProxy = r.faults.lp.report()
+	lr := &s.LocalProxy
+	lr.BaselineGoroutines, lr.BaselineFDs = r.lpBaseG, r.lpBaseFD
+	lr.LeakedGoroutines, lr.LeakedFDs = max(r.lpEndG-r.lpBaseG, 0), max(r.lpEndFD-r.lpBaseFD, 0)
+	if r.lpEndG < 0 || r.lpEndFD < 0 {
+		violate("localproxy's goroutines (/metrics) or descriptors (/proc) could not be read after the clients stopped")
+	}
+	for _, v := range lr.violations() {
+		violate("%s", v)
+	}
+	if lr.Events == 0 {
+		violate("no pool event read from localproxy's logs (%s): their format may have changed", strings.Join(lr.Logs, ", "))
+	}
 
 	logs := r.logs.String()
 	if err := os.WriteFile(filepath.Join(opts.Out, "clients.log"), []byte(logs), 0o644); err != nil {
 		return nil, err
 	}
+	lpLogs := r.faults.lp.logs()
 	for _, secret := range []string{bed.AdminToken(), bed.Token(testbed.LocalProxyIdentity)} {
 		if secret != "" {
-			s.SecretsInLogs += strings.Count(logs, secret)
+			s.SecretsInLogs += strings.Count(logs, secret) + strings.Count(lpLogs, secret)
 		}
 	}
 	if s.SecretsInLogs > 0 {
@@ -415,11 +466,13 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := os.WriteFile(filepath.Join(opts.Out, "summary.json"), append(b, '\n'), 0o644); err != nil {
 		return nil, err
 	}
-	r.say("failures in fault windows by fault and path: %v; first errors: %q", s.FailuresByFault, s.FailureSamples)
+	r.say("failures in fault windows by fault and path: %v; by path, method and error: %v; first errors: %q", s.FailuresByFault, s.FailureErrors, s.FailureSamples)
 	r.say("success by path (all-down phase excluded): %v; GETs client-go sent again (answered in the end): %v", s.SuccessByPath, s.RetriedGets)
 	r.say("%d operations (%v), failures %v, success %.5f; lost %d, phantoms %d, duplicates %d, acked missing %d, relists %d; leaked goroutines %d, fds %d; max RSS %d MiB; secrets in logs %d",
 		s.Operations, s.ByPath, s.Failures, s.SuccessRatio, s.EventsLost, s.Phantoms, s.Duplicates, s.AckedMissing, s.Relists,
 		s.LeakedGoroutines, s.LeakedFDs, s.MaxRSSBytes>>20, s.SecretsInLogs)
+	r.say("localproxy: %d instances, peak RSS %d MiB (bound %d MiB; by instance %v MiB), leaked goroutines %d (baseline %d), fds %d (baseline %d), data races %d, exits %v, %d pool events read from its logs",
+		lr.Instances, lr.MaxRSS>>20, lr.RSSBound>>20, mib(lr.RSSByInstance), lr.LeakedGoroutines, lr.BaselineGoroutines, lr.LeakedFDs, lr.BaselineFDs, lr.DataRaces, lr.Exits, lr.Events)
 	if len(violations) > 0 {
 		return s, fmt.Errorf("chaos: %d invariants failed (%s):\n%s", len(violations), replay, strings.Join(violations, "\n"))
 	}
@@ -439,9 +492,9 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	}
 	defer f.Close()
 
-	// The localproxy path, in this process, as the e2e suite runs it;
-	// a hand-over replaces the instance.
-	lp, err := r.startLocalProxy(ctx, log.WithName("localproxy"))
+	// The localproxy path: cmd/localproxy, a process of its own; a
+	// hand-over replaces the instance.
+	lp, err := r.startLocalProxy(ctx, r.proxyBin)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -453,11 +506,22 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 		return nil, nil, err
 	}
 	defer lhc.CloseIdleConnections()
-	if err := waitHealthy(ctx, func() bool { return lp.current().Pool().Healthy() && f.Pool().Healthy() }); err != nil {
+	if err := waitHealthy(ctx, func() bool { st, ok := lp.status(); return ok && st.Ready && f.Pool().Healthy() }); err != nil {
 		return nil, nil, err
 	}
+	// localproxy's baseline once its discovery (through itself) listed
+	// every apiserver: its discovery connection is open.
+	if err := waitFor(ctx, time.Minute, func() bool { return discovered(lp.poolStatus(), len(bed.APIServers())) }); err != nil {
+		return nil, nil, fmt.Errorf("localproxy did not discover the apiservers: %w", err)
+	}
+	if err := waitFor(ctx, 10*time.Second, func() bool {
+		r.lpBaseG, r.lpBaseFD = lp.counts(ctx)
+		return r.lpBaseG >= 0 && r.lpBaseFD >= 0
+	}); err != nil {
+		return nil, nil, fmt.Errorf("localproxy's goroutines (/metrics) and descriptors (/proc) could not be read: %w", err)
+	}
 	defer f.Pool().Subscribe(notMadeUp(r.events.recorder(pathTransport)))()
-	lp.subscribe(notMadeUp(r.events.recorder(pathLocalProxy)))
+	lp.setRecorder(notMadeUp(r.events.recorder(pathLocalProxy)))
 
 	suffix := strconv.FormatInt(time.Now().Unix(), 36)
 	ws := map[string]*workload.Workload{}
@@ -514,6 +578,8 @@ func (r *run) soak(ctx context.Context, plan []Step) (map[string]workload.Result
 	for path, res := range l.finish(stopCtx) {
 		results[fmt.Sprintf("%s-workers-%s", path, suffix)] = res
 	}
+	lhc.CloseIdleConnections()
+	r.lpEndG, r.lpEndFD = lp.settledCounts(stopCtx, r.lpBaseG, r.lpBaseFD)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -656,27 +722,15 @@ func settledCounts(g, fd int) (int, int) {
 	}
 }
 
-func countFDs() int {
-	es, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return 0
-	}
-	return len(es)
-}
+func countFDs() int { return len(fdLinks(os.Getpid())) }
 
-// maxRSS is this process's peak resident set (VmHWM), in bytes.
-func maxRSS() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
+// mib is each of b in MiB.
+func mib(b []int64) []int64 {
+	out := make([]int64, len(b))
+	for i, v := range b {
+		out[i] = v >> 20
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	return out
 }
 
 // syncBuffer is a strings.Builder safe for concurrent use.
@@ -695,4 +749,32 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// errorKind names the kind of a request's error by what its message
+// says; client-go sends a GET again after "EOF", "reset" and "lost"
+// (IsProbableEOF, IsConnectionReset, IsHTTP2ConnectionLost), not after
+// "force closed".
+func errorKind(err error) string {
+	if err == nil {
+		return "none"
+	}
+	msg := err.Error()
+	for _, k := range []struct{ kind, in string }{
+		{"force closed", "client connection force closed"},
+		{"lost", "client connection lost"},
+		{"reset", "connection reset"},
+		{"refused", "connection refused"},
+		{"EOF", "EOF"},
+		{"broken pipe", "broken pipe"},
+		{"429", "too many requests"},
+		{"timeout", "deadline exceeded"},
+		{"timeout", "Timeout"},
+		{"timeout", "timeout"},
+	} {
+		if strings.Contains(msg, k.in) {
+			return k.kind
+		}
+	}
+	return "other"
 }
