@@ -95,7 +95,10 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			delay = 0
 		}
 		p.m.accepted.Inc()
-		if max := p.cfg.MaxConnections; max > 0 && p.active.Load() >= int64(max) {
+		// An open connection holds two descriptors, one closed FIN first
+		// one for clientCloseGrace (closeClient): MaxConnections bounds
+		// them all.
+		if max := p.cfg.MaxConnections; max > 0 && 2*p.active.Load()+p.lingering.Load() >= 2*int64(max) {
 			p.m.rejected.WithLabelValues("max_connections").Inc()
 			p.log.V(2).Info("too many connections; closing", "client", nc.RemoteAddr().String(), "max", max)
 			nc.Close()

@@ -192,7 +192,9 @@ type Config struct {
 	// DefaultHalfOpenTimeout (1m). If negative, disabled.
 	HalfOpenTimeout time.Duration
 	// MaxConnections bounds the concurrent client connections; more are
-	// closed at once and counted as rejected. If zero,
+	// closed at once and counted as rejected. A connection the proxy
+	// closed holds its client's descriptor for a second after its FIN,
+	// and two of those count as one connection. If zero,
 	// DefaultMaxConnections (10000). If negative, unlimited.
 	MaxConnections int
 	// LivenessThreshold is how long the pool's health-check loop may go
@@ -260,6 +262,8 @@ type Config struct {
 	prober *endpoint.Prober
 	// health holds limits of the health server that tests shorten.
 	health healthLimits
+	// clientCloseGrace, if set, replaces the package's (tests).
+	clientCloseGrace time.Duration
 }
 
 func (c *Config) setDefaults() error {

@@ -231,6 +231,9 @@ func (c *conn) close() {
 		return
 	}
 	c.closed = true
+	// Counted before any finish of c can let Run's wait for these closes
+	// begin; closeClient ends it.
+	c.p.closing.Add(1)
 	parked := false
 	for i := range c.dirs {
 		if c.dirs[i].state == dirParked {
@@ -247,8 +250,9 @@ func (c *conn) close() {
 		t.Stop()
 	}
 	// Only a connection that reached its API server carries streams to
-	// fail retryably.
-	c.p.closeClient(c.client, up != nil)
+	// fail retryably; one whose both sides ended with an EOF gave the
+	// client its FIN already.
+	c.p.closeClient(c.client, up != nil && c.halves.Load() < 2)
 	if up != nil {
 		up.Close()
 	}
@@ -269,27 +273,27 @@ const clientCloseGrace = time.Second
 // send a reset: a write the client makes before its read loop sees it
 // fails, and Go's HTTP/2 client then fails every stream of the connection
 // with "client connection force closed", which client-go does not retry.
-// The descriptors held meanwhile count against MaxConnections with the
-// open connections: past it, or without a write side to close, the close
-// is at once. Run waits for these closes before it returns.
+// The descriptor held meanwhile counts against MaxConnections (accept).
+// The caller counted the close in closing; Run waits for them all.
 func (p *Proxy) closeClient(nc net.Conn, gently bool) {
 	cw, ok := nc.(interface{ CloseWrite() error })
-	if max := p.cfg.MaxConnections; max > 0 && p.lingering.Load()+p.active.Load() >= int64(max) {
-		gently = false
-	}
 	if !gently || !ok {
 		nc.Close()
+		p.closing.Done()
 		return
 	}
 	p.lingering.Add(1)
-	p.closing.Add(1)
 	if cw.CloseWrite() != nil {
 		nc.Close()
 		p.lingering.Add(-1)
 		p.closing.Done()
 		return
 	}
-	time.AfterFunc(clientCloseGrace, func() {
+	grace := clientCloseGrace
+	if p.cfg.clientCloseGrace > 0 {
+		grace = p.cfg.clientCloseGrace
+	}
+	time.AfterFunc(grace, func() {
 		nc.Close()
 		p.lingering.Add(-1)
 		p.closing.Done()

@@ -138,47 +138,46 @@ func cutWhileBusy(t *testing.T) (forceClosed, other, total int) {
 }
 
 // A cut client connection is closed FIN first: the client reads an EOF,
-// and its socket stays open (a write still lands) for clientCloseGrace.
-// The descriptors held so count against MaxConnections: at the bound the
-// close is at once, and a write after the EOF is answered by a reset.
-func TestCutClientLingersWithinMaxConnections(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		max     int
-		lingers bool
-	}{{"below the bound", 10, true}, {"at the bound", 1, false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := newEcho(t), newEcho(t)
-			r := start(t, localproxy.Config{Endpoints: []string{a.addr()}, MaxConnections: tc.max})
-			c := dial(t, r.addr())
-			require.NoError(t, roundTrip(c, "to a"))
-			require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: b.addr()}}))
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			n, err := c.Read(make([]byte, 1))
-			require.ErrorIs(t, err, io.EOF, "read %d bytes", n)
-			if !tc.lingers {
-				// Closed at once: nothing lingers, and a write after the
-				// EOF is answered by a reset.
-				require.Zero(t, r.Lingering())
-				_, err = c.Write([]byte("late"))
-				require.NoError(t, err, "the first write lands in the kernel")
-				require.Eventually(t, func() bool {
-					_, err := c.Write([]byte("x"))
-					return err != nil
-				}, 10*time.Second, time.Millisecond)
-				return
-			}
-			cut := time.Now()
-			// The client's writes still land until the grace is over; the
-			// reset one of them earns then tells when the proxy closed it.
-			require.Eventually(t, func() bool {
-				_, err := c.Write([]byte("x"))
-				return err != nil
-			}, 10*time.Second, time.Millisecond)
-			held := time.Since(cut)
-			t.Logf("the proxy's socket held %v after the EOF", held)
-			require.GreaterOrEqual(t, held, 900*time.Millisecond, "closed before the grace")
-			require.Eventually(t, func() bool { return r.Lingering() == 0 }, 10*time.Second, time.Millisecond)
-		})
+// and its socket stays open (a write still lands) for the grace. The
+// descriptor held so counts against MaxConnections: two of them as much
+// as an open connection.
+func TestLingeringClosesCountAgainstMaxConnections(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	const grace = 3 * time.Second
+	cfg := localproxy.Config{Endpoints: []string{a.addr()}, MaxConnections: 2}
+	localproxy.SetClientCloseGrace(&cfg, grace)
+	r := start(t, cfg)
+	c1, c2 := dial(t, r.addr()), dial(t, r.addr())
+	require.NoError(t, roundTrip(c1, "1 to a"))
+	require.NoError(t, roundTrip(c2, "2 to a"))
+
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: b.addr()}}))
+	cut := time.Now()
+	for _, c := range []net.Conn{c1, c2} {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "read %d bytes", n)
+		_, err = c.Write([]byte("late"))
+		require.NoError(t, err, "the proxy's socket is open after its FIN")
 	}
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, int64(2), r.Lingering())
+
+	// Two lingering descriptors and one open connection: the bound.
+	c3 := dial(t, r.addr())
+	require.NoError(t, roundTrip(c3, "3 to b"))
+	require.Error(t, roundTrip(dial(t, r.addr()), "4, beyond the bound"))
+	require.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "max_connections"))
+	require.Equal(t, int64(2), r.Lingering(), "the grace (%s) ended before the test could see its bound: %s passed", grace, time.Since(cut))
+
+	// The grace over, the descriptors are closed and count no more.
+	require.Eventually(t, func() bool { return r.Lingering() == 0 }, 10*time.Second, time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(cut), grace)
+	_, err := c1.Write([]byte("x"))
+	for i := 0; err == nil && i < 100; i++ { // the reset to the first write makes a later one fail
+		time.Sleep(10 * time.Millisecond)
+		_, err = c1.Write([]byte("x"))
+	}
+	require.Error(t, err, "the proxy's socket is closed after the grace")
+	require.NoError(t, roundTrip(dial(t, r.addr()), "5 to b"))
 }

@@ -61,3 +61,7 @@ func (z *ZoneLearner) Problem() string { return z.l.status() }
 // Lingering is the client connections closed FIN first whose full close
 // is still to come.
 func (p *Proxy) Lingering() int64 { return p.lingering.Load() }
+
+// SetClientCloseGrace sets how long a client connection the proxy closes
+// stays open after its FIN, instead of the default.
+func SetClientCloseGrace(c *Config, d time.Duration) { c.clientCloseGrace = d }
