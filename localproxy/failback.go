@@ -33,8 +33,9 @@ const failbackPoll = time.Second
 // fleet that saw the same recovery do not start together. A close is
 // decided by Outranks at that moment: fail-back stops as soon as the
 // better endpoint is not healthy. The connections go through the
-// registry (endpoint.Registry.CloseOldest), which skips those a drain owns
-// and those waiting for an answer.
+// registry (endpoint.Registry.CloseOldest), which skips those a drain owns,
+// those waiting for an answer and those that moved data in the last
+// endpoint.QuietFor (an answer still arriving).
 type failback[C endpoint.Conn] struct {
 	pool   *upstream.Pool
 	reg    *endpoint.Registry[C]

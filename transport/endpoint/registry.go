@@ -73,6 +73,13 @@ type RegistryConfig struct {
 // few PINGs.
 const BusyWindow = 2 * time.Second
 
+// QuietFor is how long a connection must have moved no data either way
+// before CloseOldest closes it: an answer still arriving, or a request
+// being sent, would be cut. Short enough that a connection with a
+// request every half second (a controller's writes, their watch events)
+// still has moments to be moved in.
+const QuietFor = 250 * time.Millisecond
+
 // dataClock is a Conn that tells how long ago its connection to the
 // server last sent and received data (SinceData).
 type dataClock interface {
@@ -175,6 +182,17 @@ func waiting[C Conn](c C) bool {
 	}
 	sent, recv, ok := dc.SinceData()
 	return !ok || (sent < BusyWindow && sent < recv)
+}
+
+// quiet reports whether c moved no data either way for QuietFor; false
+// if it cannot tell.
+func quiet[C Conn](c C) bool {
+	dc, ok := any(c).(dataClock)
+	if !ok {
+		return false
+	}
+	sent, recv, ok := dc.SinceData()
+	return ok && sent >= QuietFor && recv >= QuietFor
 }
 
 // Wake tells the Prober (RegistryConfig.Prober), if any, that a request
@@ -324,8 +342,10 @@ func (r *Registry[C]) Retire(which func(addr string) bool) int {
 
 // CloseOldest closes the oldest connection (by Add) to the endpoints for
 // which which returns true, skipping those drained (their drain closes
-// them) and those waiting for an answer (see Busy: closing one would fail
-// its request), and returns its endpoint. The connection is forgotten
+// them), those waiting for an answer (see Busy: closing one would fail
+// its request) and those that moved data less than QuietFor ago (an
+// answer arriving: its request, past waiting, would fail all the same),
+// and returns its endpoint. The connection is forgotten
 // before Close, as for a drain. ok is false when there was none to close;
 // skipped then counts the connections skipped as waiting, so that the
 // caller can try again later. which is called without the registry's
@@ -362,7 +382,7 @@ func (r *Registry[C]) CloseOldest(which func(addr string) bool) (addr string, sk
 	r.mu.Unlock()
 	slices.SortFunc(cands, func(x, y cand) int { return cmp.Compare(x.seq, y.seq) })
 	for _, k := range cands {
-		if waiting(k.c) { // reads the socket: not under the lock
+		if waiting(k.c) || !quiet(k.c) { // reads the socket: not under the lock
 			skipped++
 			continue
 		}

@@ -407,6 +407,19 @@ func TestRegistryCloseOldest(t *testing.T) {
 		assert.True(t, a2.closed.Load())
 		assert.False(t, o2.closed.Load(), "one at a time")
 
+		// An answer arriving (data received since the request) or a
+		// request being sent (data sent, an answer came before it): in
+		// use until QuietFor without data either way.
+		o2.recv = 10 * time.Millisecond
+		_, skipped, ok = r.CloseOldest(func(addr string) bool { return addr == other })
+		assert.False(t, ok, "an answer arrives on o2")
+		assert.Equal(t, 1, skipped)
+		o2.sent, o2.recv = time.Minute, endpoint.QuietFor-time.Millisecond
+		_, _, ok = r.CloseOldest(func(addr string) bool { return addr == other })
+		assert.False(t, ok, "o2 received data less than QuietFor ago")
+		o2.sent, o2.recv = time.Minute, endpoint.QuietFor
+		o2.busy = true
+
 		// A drain owns other's connections now.
 		r.OnEvent(upstream.Event{Kind: upstream.EventDown, Addr: other, Err: &endpoint.ReadyzError{Status: 500}})
 		_, skipped, ok = r.CloseOldest(notThird)
