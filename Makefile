@@ -37,8 +37,8 @@ deps:
 	bash hack/tools/build-kube.sh $(KUBE_VERSION)
 
 ## e2e: the failover suite against etcd + real kube-apiservers in a private network namespace,
-## then the 2-minute chaos soak built with the race detector (its clients and localproxy
-## run in one process, so -race covers both).
+## then the 2-minute chaos soak built with the race detector (its clients, and localproxy, a
+## process of its own built with -race too).
 e2e: deps
 	@echo "==> test bed smoke test and end-to-end suite"
 	mkdir -p _output/e2e
@@ -50,7 +50,7 @@ e2e: deps
 ## DURATION (default 10m) and SEED (default: from the clock) choose it; the
 ## same pair replays the same schedule. Results in _output/chaos/summary.json,
 ## the timeline chart in _output/chaos/timeline.svg. Built with the race detector: a data
-## race in the clients or localproxy fails it (exit status 66).
+## race in the clients (exit status 66) or in localproxy (a process of its own) fails it.
 DURATION ?= 10m
 SEED ?= 0
 chaos: deps

@@ -50,7 +50,8 @@ type pathView struct {
 }
 
 // view returns what each path (pathTransport, pathLocalProxy) sees of
-// addr now: its pool's status and the connections routed to it.
+// addr now: its pool's status and the connections routed to it;
+// localproxy's is missing while its /status could not be read lately.
 func (f *faultState) view(addr string) map[string]pathView {
 	out := map[string]pathView{}
 	var tv pathView
@@ -67,7 +68,10 @@ func (f *faultState) view(addr string) map[string]pathView {
 	// /status the health port no longer reaches: new connections to it
 	// go to the successor).
 	var lv pathView
-	st, _ := f.lp.status()
+	st, ok := f.lp.status()
+	if !ok {
+		return out // no recent /status: nothing seen of localproxy now
+	}
 	for _, u := range st.Upstreams {
 		if u.Addr == addr {
 			lv.inPool, lv.healthy = true, u.State == upstream.StateHealthy.String()

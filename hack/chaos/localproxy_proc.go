@@ -44,6 +44,10 @@ const (
 	// proxyMonitorEvery is how often the soak reads /status and each
 	// instance's memory.
 	proxyMonitorEvery = 100 * time.Millisecond
+	// proxyStatusStale: an instance's /status older than this is not
+	// used (the health server, under attack or with two instances on
+	// its port, may miss a few reads).
+	proxyStatusStale = 3 * time.Second
 	// proxyStartLimit bounds the wait for a new instance to listen.
 	proxyStartLimit = 30 * time.Second
 	// proxyExitLimit bounds an instance's exit after SIGTERM: its wait
@@ -404,24 +408,32 @@ func (h *proxyHandle) metrics(ctx context.Context) (map[string]*dto.MetricFamily
 	return p.TextToMetricFamilies(bytes.NewReader(b))
 }
 
-// status is the serving instance's last /status, and whether there is
-// one.
+// status is the serving instance's last /status, and whether there is a
+// recent one (within proxyStatusStale).
 func (h *proxyHandle) status() (localproxy.Status, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.cur == nil {
 		return localproxy.Status{}, false
 	}
-	s, ok := h.snaps[h.cur.pid()]
-	return s.st, ok
+	return h.snapLocked(h.cur)
+}
+
+// snapLocked is in's last /status, if recent.
+func (h *proxyHandle) snapLocked(in *proxyInstance) (localproxy.Status, bool) {
+	s, ok := h.snaps[in.pid()]
+	if !ok || time.Since(s.at) > proxyStatusStale {
+		return localproxy.Status{}, false
+	}
+	return s.st, true
 }
 
 // ready reports whether in's last /status said ready.
 func (h *proxyHandle) ready(in *proxyInstance) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.snaps[in.pid()]
-	return ok && s.st.Ready
+	st, ok := h.snapLocked(in)
+	return ok && st.Ready
 }
 
 // poolStatus is the serving instance's pool as its last /status lists it.
@@ -439,35 +451,33 @@ func (h *proxyHandle) poolStatus() []upstream.Status {
 
 // pids are the live instances' process ids, the serving one first.
 func (h *proxyHandle) pids() []int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []int
-	if h.cur != nil {
-		if _, ok := h.live[h.cur.pid()]; ok {
-			out = append(out, h.cur.pid())
-		}
-	}
-	for pid, in := range h.live {
-		if in != h.cur {
-			out = append(out, pid)
-		}
-	}
-	return out
+	p, _ := h.pidsAndOthers()
+	return p
 }
 
 // others are the live instances but the serving one (those draining).
 func (h *proxyHandle) others() []int {
-	p := h.pids()
-	if len(p) > 0 && h.serving(p[0]) {
-		return p[1:]
-	}
-	return p
+	_, o := h.pidsAndOthers()
+	return o
 }
 
-func (h *proxyHandle) serving(pid int) bool {
+// pidsAndOthers returns the live instances' process ids, the serving one
+// first, and those of the others, read at one moment.
+func (h *proxyHandle) pidsAndOthers() (all, others []int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.cur != nil && h.cur.pid() == pid
+	if h.cur != nil {
+		if _, ok := h.live[h.cur.pid()]; ok {
+			all = append(all, h.cur.pid())
+		}
+	}
+	for pid, in := range h.live {
+		if in != h.cur {
+			all = append(all, pid)
+			others = append(others, pid)
+		}
+	}
+	return all, others
 }
 
 // clientConns counts the client connections the live instances hold:
