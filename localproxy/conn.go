@@ -218,8 +218,30 @@ func (c *conn) closeBy(t time.Time) {
 // (endpoint.Conn).
 func (c *conn) Retire() {}
 
-// Close closes both sides, for the registry (endpoint.Conn).
-func (c *conn) Close() { c.close() }
+// Close closes both sides, for the registry (endpoint.Conn): its server
+// went down or left the pool, a drain ended, or fail-back moves it. An
+// answer still arriving from the server (data received less than
+// endpoint.QuietFor ago: a lossy server whose probes time out still
+// answers, late) is let finish: the close waits until the server has
+// been quiet that long, at most answerGrace. A server that sends
+// nothing, hung or cut off, is cut at once.
+func (c *conn) Close() { c.closeWhenAnswered(time.Now().Add(answerGrace)) }
+
+// answerGrace bounds how long Close waits for an answer arriving.
+const answerGrace = 2 * time.Second
+
+// closeWhenAnswered closes c once its server has sent nothing for
+// endpoint.QuietFor, or at deadline.
+func (c *conn) closeWhenAnswered(deadline time.Time) {
+	_, recv, ok := c.SinceData()
+	now := time.Now()
+	if !ok || recv >= endpoint.QuietFor || !now.Before(deadline) || c.isClosed() {
+		c.close()
+		return
+	}
+	wait := min(endpoint.QuietFor-recv, deadline.Sub(now))
+	time.AfterFunc(max(wait, time.Millisecond), func() { c.closeWhenAnswered(deadline) })
+}
 
 // close closes both sides; the copies then end, and a parked direction is
 // done at once. The upstream is closed through the TrackedConn, so that

@@ -181,3 +181,67 @@ func TestLingeringClosesCountAgainstMaxConnections(t *testing.T) {
 	require.Error(t, err, "the proxy's socket is closed after the grace")
 	require.NoError(t, roundTrip(dial(t, r.addr()), "5 to b"))
 }
+
+// An API server counted down or removed while its answer is still
+// arriving (a lossy server: its probes time out, its data comes late) has
+// the connection cut once that answer stopped coming, within
+// answerGrace; a connection whose server sends nothing is cut once it is
+// endpoint.QuietFor old (the kernel's clock of received data starts at
+// the handshake).
+func TestCutWaitsForAnArrivingAnswer(t *testing.T) {
+	const chunks, every = 8, 100 * time.Millisecond
+	// The answer: a chunk every 100ms once the request is read, then
+	// nothing.
+	slow := newServer(t, func(c *net.TCPConn) {
+		if _, err := c.Read(make([]byte, 64)); err != nil {
+			return
+		}
+		for range chunks {
+			if _, err := c.Write([]byte("chunk\n")); err != nil {
+				return
+			}
+			time.Sleep(every)
+		}
+		io.Copy(io.Discard, c)
+	})
+	silent := newServer(t, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
+	other := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{slow.addr()}})
+	// onlyTo makes addr the pool's only endpoint and returns a connection
+	// to it with a request sent.
+	onlyTo := func(addr string) net.Conn {
+		t.Helper()
+		require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: addr}}))
+		c := dial(t, r.addr())
+		_, err := c.Write([]byte("request"))
+		require.NoError(t, err)
+		return c
+	}
+
+	c := onlyTo(slow.addr())
+	buf := make([]byte, 6)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.ReadFull(c, buf)
+	require.NoError(t, err, "the answer starts")
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: other.addr()}}))
+	got := 1
+	for {
+		if _, err := io.ReadFull(c, buf); err != nil {
+			require.ErrorIs(t, err, io.EOF, "the cut comes as an EOF")
+			break
+		}
+		got++
+	}
+	require.Equal(t, chunks, got, "the whole answer arrived before the cut")
+
+	c2 := onlyTo(silent.addr())
+	require.Eventually(t, func() bool {
+		return r.Status().ActiveConnections == 1 && len(r.Status().Upstreams) == 1 && r.Status().Upstreams[0].Conns == 1
+	}, 10*time.Second, time.Millisecond)
+	cut := time.Now()
+	require.NoError(t, r.Pool().Set(upstream.SourceStatic, []upstream.Spec{{Addr: other.addr()}}))
+	c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = c2.Read(buf)
+	require.ErrorIs(t, err, io.EOF)
+	t.Logf("a connection whose server sent nothing was cut %v after its removal", time.Since(cut))
+}
