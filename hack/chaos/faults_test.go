@@ -88,3 +88,45 @@ func TestErrorKind(t *testing.T) {
 		}
 	}
 }
+
+// maxFailover is, per fault kind and path, the longest stretch inside a
+// window of that kind (and failoverGrace after it) in which a client of
+// the path got no answer, whatever the path's other clients got.
+func TestMaxFailover(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 21, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	ok := func(start, end float64) workload.Request { return workload.Request{Start: at(start), End: at(end)} }
+	failed := workload.Request{Start: at(11), End: at(11.5), Err: errors.New("cut")}
+	results := map[string]workload.Results{
+		// Answers every 0.1s but from 10.2s to 11.9s (a failed one
+		// between); 1.8s is the gap, from 10.1s to 11.9s.
+		"localproxy-1-x": {Gets: append(append(series(ok, 0, 10.1), failed), series(ok, 11.9, 30)...)},
+		// Never stops answering.
+		"localproxy-2-x": {Gets: series(ok, 0, 30)},
+		"transport-1-x":  {Gets: series(ok, 0, 30)},
+	}
+	windows := []window{
+		{kind: Hang, server: 1, start: at(10), end: at(12)},
+		{kind: Hang, server: 2, start: at(20), end: at(21)},
+		{kind: Kill, server: 1, start: at(25), end: at(26)},
+	}
+	got := maxFailover(results, windows)
+	want := map[string]float64{"hang/localproxy": 1.8, "hang/transport": 0.1, "kill/localproxy": 0.1, "kill/transport": 0.1}
+	if len(got) != len(want) {
+		t.Fatalf("maxFailover = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if d := got[k] - v; d > 0.001 || d < -0.001 {
+			t.Errorf("maxFailover[%s] = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+// series is a request ending every 0.1s from from to to, each 0.05s long.
+func series(ok func(start, end float64) workload.Request, from, to float64) []workload.Request {
+	var out []workload.Request
+	for s := from; s <= to+1e-9; s += 0.1 {
+		out = append(out, ok(s-0.05, s))
+	}
+	return out
+}

@@ -100,6 +100,11 @@ type Summary struct {
 	// (GET or a write) and kind of error (errorKind): what a client saw,
 	// and whether client-go would have sent a GET again.
 	FailureErrors map[string]int `json:"failure_errors"`
+	// MaxFailoverSeconds is, per fault kind and path ("hang/localproxy"),
+	// the longest stretch inside a window of that kind (and failoverGrace
+	// after it) in which a client of the path got no answer
+	// (maxFailover).
+	MaxFailoverSeconds map[string]float64 `json:"max_failover_seconds"`
 	// SuccessRatio counts every request but those failed in the all-down
 	// phase.
 	SuccessRatio float64 `json:"success_ratio"`
@@ -243,6 +248,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		return nil, err
 	}
 	s.Timeline = r.timeline(results, windows)
+	s.MaxFailoverSeconds = maxFailover(results, windows)
 
 	// The truth: what the apiservers hold, read once every fault is gone.
 	if err := bed.Heal(ctx); err != nil {
@@ -468,6 +474,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	}
 	r.say("failures in fault windows by fault and path: %v; by path, method and error: %v; first errors: %q", s.FailuresByFault, s.FailureErrors, s.FailureSamples)
 	r.say("success by path (all-down phase excluded): %v; GETs client-go sent again (answered in the end): %v", s.SuccessByPath, s.RetriedGets)
+	r.say("longest time without an answer in a fault window, by fault and path (s): %v", s.MaxFailoverSeconds)
 	r.say("%d operations (%v), failures %v, success %.5f; lost %d, phantoms %d, duplicates %d, acked missing %d, relists %d; leaked goroutines %d, fds %d; max RSS %d MiB; secrets in logs %d",
 		s.Operations, s.ByPath, s.Failures, s.SuccessRatio, s.EventsLost, s.Phantoms, s.Duplicates, s.AckedMissing, s.Relists,
 		s.LeakedGoroutines, s.LeakedFDs, s.MaxRSSBytes>>20, s.SecretsInLogs)
@@ -682,6 +689,47 @@ func successMisses(byPath map[string]float64, d time.Duration) (misses []string,
 		}
 	}
 	return misses, d >= successEnforcedFrom
+}
+
+// maxFailover returns, per fault kind and path ("hang/localproxy"), the
+// longest stretch inside a window of that kind, from its start until
+// failoverGrace after its end, in which one of the path's clients (a
+// workload, the CRUD workers, kubectl) got no answer: how long it waited
+// for the failover (the all-down phase: for the apiservers to come
+// back), in seconds. kubectl, once a second, never waits less than that.
+func maxFailover(results map[string]workload.Results, windows []window) map[string]float64 {
+	out := map[string]float64{}
+	for name, res := range results {
+		path := name[:strings.IndexByte(name, '-')]
+		var ts []time.Time
+		for _, rq := range slices.Concat(res.Gets, res.Writes) {
+			if rq.OK() {
+				ts = append(ts, rq.End)
+			}
+		}
+		if len(ts) == 0 {
+			continue
+		}
+		slices.SortFunc(ts, time.Time.Compare)
+		for _, w := range windows {
+			to := w.end.Add(failoverGrace)
+			if last := ts[len(ts)-1]; last.Before(to) {
+				to = last // the load stopped
+			}
+			if to.Before(w.start) {
+				continue
+			}
+			longest, prev := time.Duration(0), w.start
+			i, _ := slices.BinarySearchFunc(ts, w.start, time.Time.Compare)
+			for ; i < len(ts) && !ts[i].After(to); i++ {
+				longest, prev = max(longest, ts[i].Sub(prev)), ts[i]
+			}
+			longest = max(longest, to.Sub(prev))
+			key := string(w.kind) + "/" + path
+			out[key] = max(out[key], seconds(longest))
+		}
+	}
+	return out
 }
 
 // classify says why a failed request failed: it overlapped the all-down
