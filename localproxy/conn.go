@@ -305,21 +305,20 @@ func (p *Proxy) closeClient(nc net.Conn, gently bool) {
 		return
 	}
 	p.lingering.Add(1)
-	if cw.CloseWrite() != nil {
+	done := func() {
 		nc.Close()
 		p.lingering.Add(-1)
 		p.closing.Done()
+	}
+	if cw.CloseWrite() != nil {
+		done()
 		return
 	}
 	grace := clientCloseGrace
 	if p.cfg.clientCloseGrace > 0 {
 		grace = p.cfg.clientCloseGrace
 	}
-	time.AfterFunc(grace, func() {
-		nc.Close()
-		p.lingering.Add(-1)
-		p.closing.Done()
-	})
+	time.AfterFunc(grace, done)
 }
 
 // tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client

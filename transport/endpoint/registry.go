@@ -176,23 +176,28 @@ func (r *Registry[C]) Busy(addr string) bool {
 
 // waiting reports whether c waits for an answer (see Busy).
 func waiting[C Conn](c C) bool {
-	dc, ok := any(c).(dataClock)
-	if !ok {
-		return true
-	}
-	sent, recv, ok := dc.SinceData()
-	return !ok || (sent < BusyWindow && sent < recv)
+	sent, recv, ok := sinceData(c)
+	return !ok || waitingFor(sent, recv)
 }
 
-// quiet reports whether c moved no data either way for QuietFor; false
+// waitingFor: data sent less than BusyWindow ago, none received since.
+func waitingFor(sent, recv time.Duration) bool { return sent < BusyWindow && sent < recv }
+
+// movable reports whether c may be closed without failing a request: it
+// waits for no answer and moved no data either way for QuietFor; false
 // if it cannot tell.
-func quiet[C Conn](c C) bool {
-	dc, ok := any(c).(dataClock)
-	if !ok {
-		return false
+func movable[C Conn](c C) bool {
+	sent, recv, ok := sinceData(c)
+	return ok && !waitingFor(sent, recv) && sent >= QuietFor && recv >= QuietFor
+}
+
+// sinceData is c's SinceData if it is a dataClock; ok is false if not.
+func sinceData[C Conn](c C) (sent, recv time.Duration, ok bool) {
+	dc, isClock := any(c).(dataClock)
+	if !isClock {
+		return 0, 0, false
 	}
-	sent, recv, ok := dc.SinceData()
-	return ok && sent >= QuietFor && recv >= QuietFor
+	return dc.SinceData()
 }
 
 // Wake tells the Prober (RegistryConfig.Prober), if any, that a request
@@ -347,7 +352,7 @@ func (r *Registry[C]) Retire(which func(addr string) bool) int {
 // answer arriving: its request, past waiting, would fail all the same),
 // and returns its endpoint. The connection is forgotten
 // before Close, as for a drain. ok is false when there was none to close;
-// skipped then counts the connections skipped as waiting, so that the
+// skipped then counts those skipped as waiting or not quiet, so that the
 // caller can try again later. which is called without the registry's
 // lock.
 func (r *Registry[C]) CloseOldest(which func(addr string) bool) (addr string, skipped int, ok bool) {
@@ -382,7 +387,7 @@ func (r *Registry[C]) CloseOldest(which func(addr string) bool) (addr string, sk
 	r.mu.Unlock()
 	slices.SortFunc(cands, func(x, y cand) int { return cmp.Compare(x.seq, y.seq) })
 	for _, k := range cands {
-		if waiting(k.c) || !quiet(k.c) { // reads the socket: not under the lock
+		if !movable(k.c) { // reads the socket: not under the lock
 			skipped++
 			continue
 		}
