@@ -292,7 +292,7 @@ func (b *badInput) countSockets(pids []int) socketCount {
 			case s.localPort == b.lp.port+1 && s.remoteIP == from && s.state == "01":
 				c.healthAccepted++
 			}
-			if s.localPort == b.lp.port && s.connected() {
+			if b.lp.isClient(s) {
 				c.conns++
 			}
 		}

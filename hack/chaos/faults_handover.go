@@ -66,7 +66,7 @@ func (r *run) handover(ctx context.Context) (func() error, error) {
 	r.say("localproxy instance %d (pid %d) serves beside instance %d (ready after %.1fs)", next.n, next.pid(), old.n, ready.Seconds())
 	return func() error {
 		t := time.Now()
-		open := int64(readTCPTable().count(old.pid(), func(s tcpSocket) bool { return s.localPort == h.port && s.connected() }))
+		open := int64(readTCPTable().count(old.pid(), h.isClient))
 		if !h.stop(old) {
 			r.faults.violate(fmt.Sprintf("hand-over: localproxy instance %d did not exit within %s of SIGTERM", old.n, proxyExitLimit))
 		}

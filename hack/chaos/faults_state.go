@@ -130,8 +130,9 @@ func (f *faultState) lastJoined() int {
 }
 
 // reportFaults puts the figures of joins, certificate faults and
-// hand-overs into s and returns their violations.
-func (r *run) reportFaults(s *Summary, results map[string]workload.Results, windows []window) []string {
+// hand-overs into s and returns their violations; lpLogs are the
+// localproxy processes' logs.
+func (r *run) reportFaults(s *Summary, results map[string]workload.Results, windows []window, lpLogs string) []string {
 	f := &r.faults
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -145,7 +146,7 @@ func (r *run) reportFaults(s *Summary, results map[string]workload.Results, wind
 	violations := slices.Clone(f.violations)
 	h := &s.Handovers
 	h.Failed, h.Refused = handoverFailures(results, windows)
-	h.HandedOver = handedOver(f.lp.logs())
+	h.HandedOver = handedOver(lpLogs)
 	if h.Refused > 0 {
 		violations = append(violations, fmt.Sprintf("%d connections to localproxy refused during its hand-overs", h.Refused))
 	}

@@ -486,10 +486,14 @@ func (h *proxyHandle) clientConns() int64 {
 	tab := readTCPTable()
 	n := 0
 	for _, pid := range h.pids() {
-		n += tab.count(pid, func(s tcpSocket) bool { return s.localPort == h.port && s.connected() })
+		n += tab.count(pid, h.isClient)
 	}
 	return int64(n)
 }
+
+// isClient reports whether s, a socket of an instance, is a client
+// connection: accepted on the listen port and connected.
+func (h *proxyHandle) isClient(s tcpSocket) bool { return s.localPort == h.port && s.connected() }
 
 // swap makes next the serving instance and returns the one it replaces.
 func (h *proxyHandle) swap(next *proxyInstance) *proxyInstance {

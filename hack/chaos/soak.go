@@ -403,7 +403,11 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 		s.TargetsMissed = append(s.TargetsMissed, miss)
 		r.say("TARGET MISSED (not enforced below %s): %s", successEnforcedFrom, miss)
 	}
-	for _, v := range r.reportFaults(s, results, windows) {
+	// The localproxy processes have all exited (soak stopped the last):
+	// their logs are complete, read once for the hand-overs and the
+	// secrets.
+	lpLogs := r.faults.lp.logs()
+	for _, v := range r.reportFaults(s, results, windows, lpLogs) {
 		violate("%s", v)
 	}
 
@@ -439,7 +443,6 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := os.WriteFile(filepath.Join(opts.Out, "clients.log"), []byte(logs), 0o644); err != nil {
 		return nil, err
 	}
-	lpLogs := r.faults.lp.logs()
 	for _, secret := range []string{bed.AdminToken(), bed.Token(testbed.LocalProxyIdentity)} {
 		if secret != "" {
 			s.SecretsInLogs += strings.Count(logs, secret) + strings.Count(lpLogs, secret)
