@@ -35,7 +35,10 @@ const (
 // kernel has it): the kernel's reuseport steering and TCP_INFO work on
 // TCP sockets only, and a loopback listener gains nothing from MPTCP.
 func listenReusePort(ctx context.Context, network, address string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: reusePortControl}
+	// KeepAlive -1: tuneClient sets keepalive on each accepted connection
+	// as configured; Go's default would set it first, four more system
+	// calls per connection.
+	lc := net.ListenConfig{Control: reusePortControl, KeepAlive: -1}
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(ctx, network, address)
 	if err != nil {
