@@ -438,7 +438,7 @@ func (b *builder) zone(creds *rest.Config, discovery *rest.Config, l listeners, 
 
 // connections sets the limits of client and upstream connections:
 // --drain-timeout, --first-byte-timeout, --shutdown-timeout, --handover-timeout,
-// --max-connections and --proxy-protocol.
+// --max-connections, --gomaxprocs (applied by run) and --proxy-protocol.
 func (b *builder) connections(cfg *localproxy.Config) {
 	if b.drainTimeout < 0 {
 		b.reject("drain-timeout", b.drainTimeout, "want 0 (close at once) or a positive duration")
@@ -470,6 +470,7 @@ func (b *builder) connections(cfg *localproxy.Config) {
 	}
 	b.intOK("max-connections", b.maxConnections)
 	cfg.MaxConnections = b.maxConnections
+	b.intOK("gomaxprocs", b.gomaxprocs)
 	pp, err := localproxy.ParseProxyProtocol(b.proxyProtocol)
 	if err != nil {
 		b.reject("proxy-protocol", b.proxyProtocol, "want "+oneOf("none", "v1", "v2"))

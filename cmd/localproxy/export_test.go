@@ -2,12 +2,34 @@ package main
 
 import (
 	"net/netip"
+	"runtime"
+	"sync/atomic"
 
 	"github.com/apifailover/apifailover/localproxy"
 )
 
 // Run is run, for tests.
 var Run = run
+
+var ApplyGOMAXPROCS = applyGOMAXPROCS
+
+// gomaxprocs stands for the runtime's GOMAXPROCS in the tests: run, inside
+// the test process, must not change the process's own.
+var gomaxprocs atomic.Int64
+
+func init() {
+	gomaxprocs.Store(int64(runtime.GOMAXPROCS(0)))
+	setGOMAXPROCS = func(n int) int {
+		if n > 0 {
+			return int(gomaxprocs.Swap(int64(n)))
+		}
+		return int(gomaxprocs.Load())
+	}
+}
+
+// SetGOMAXPROCS sets the tests' stand-in GOMAXPROCS and returns the
+// previous one.
+func SetGOMAXPROCS(n int) int { return int(gomaxprocs.Swap(int64(n))) }
 
 // Exit codes, for tests.
 const (

@@ -45,6 +45,7 @@ type options struct {
 	shutdownTimeout     time.Duration
 	handoverTimeout     time.Duration
 	maxConnections      int
+	gomaxprocs          int
 	proxyProtocol       string
 	logLevel            string
 	logFormat           string
@@ -115,6 +116,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.handoverTimeout, "handover-timeout", localproxy.DefaultHandoverTimeout, "on SIGTERM, when a new localproxy listens on the same addresses (SO_REUSEPORT: a DaemonSet surge pod, an upgrade), how long to wait for its /readyz before handing new connections to it and closing the listeners; 0: no hand-over")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", localproxy.DefaultShutdownTimeout, "on SIGTERM, how long open connections may go on after the listeners close; 0 closes them at once")
 	fs.IntVar(&o.maxConnections, "max-connections", localproxy.DefaultMaxConnections, "maximum concurrent client connections")
+	fs.IntVar(&o.gomaxprocs, "gomaxprocs", defaultGOMAXPROCS, "how many threads run the proxy's Go code at once (GOMAXPROCS); 1 costs the least CPU per request, and carries a node's API traffic and bulk copies (spliced in the kernel) as fast as more; 0: Go's default, the CPUs or the container's CPU limit. Without this flag, a GOMAXPROCS environment variable is kept")
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "none", "PROXY protocol header towards the API servers: none, v1 or v2")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log verbosity: error, info, debug, or a number 0-10 (2: failed dials, 4: probes and connections); extractedprism's warn, dpanic, panic and fatal are taken as error")
 	fs.DurationVar(&o.livenessThreshold, "liveness-threshold", 0, "how long the health-check loop may go without a probe before /healthz fails (default 3 × --health-interval + --health-timeout)")

@@ -157,6 +157,7 @@ func TestValidation(t *testing.T) {
 		{"negative handover timeout", ok, []string{"LOCALPROXY_HANDOVER_TIMEOUT", "-1s"}, []string{"LOCALPROXY_HANDOVER_TIMEOUT=-1s", "0 (no hand-over) or a positive duration"}},
 		{"negative first-byte timeout", append(ok, "--first-byte-timeout=-1ms"), nil, []string{"--first-byte-timeout=-1ms", "0 (off) or a positive duration"}},
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
+		{"gomaxprocs negative", append(ok, "--gomaxprocs=-1"), nil, []string{"--gomaxprocs=-1", "at least 0"}},
 		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
 		{"log level", append(ok, "--log-level=loud"), nil, []string{"--log-level", `"loud"`, "0-10"}},
 		{"log level too high", append(ok, "--log-level=11"), nil, []string{"--log-level", `"11"`}},
