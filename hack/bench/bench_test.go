@@ -399,15 +399,30 @@ func TestProcMem(t *testing.T) {
 	}
 }
 
+func TestParseMachineBusy(t *testing.T) {
+	// user nice system idle iowait irq softirq steal: busy = 100+2+50+3+5.
+	if got := parseMachineBusy("cpu  100 2 50 9000 7 3 5 11 0 0"); got != 1600*time.Millisecond {
+		t.Errorf("parseMachineBusy = %v, want 1.6s", got)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7", "cpu 1 2 x 4 5 6 7", "cpu 1 2"} {
+		if got := parseMachineBusy(bad); got != 0 {
+			t.Errorf("parseMachineBusy(%q) = %v, want 0", bad, got)
+		}
+	}
+	if machineBusy() <= 0 {
+		t.Error("machineBusy() of this machine: none")
+	}
+}
+
 func TestFillDatapathRatios(t *testing.T) {
 	rows := []DatapathThroughputRow{
-		{Direction: dirUpload, Path: pathDirect, MiBPerSec: 2000},
-		{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1000, ProxyCPUPerGiB: 0.5},
+		{Direction: dirUpload, Path: pathDirect, MiBPerSec: 2000, MachineCPUPerGiB: 0.8},
+		{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1000, ProxyCPUPerGiB: 0.5, MachineCPUPerGiB: 1.25},
 		{Direction: dirUpload, Path: pathHAProxy, MiBPerSec: 500, ProxyCPUPerGiB: 1},
 		{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 800, ProxyCPUPerGiB: 0.4},
 	}
 	fillDatapathRatios(rows)
-	if r := rows[1]; r.VsHAProxy != 2 || r.VsDirect != 0.5 || r.CPUVsHAProxy != 0.5 {
+	if r := rows[1]; r.VsHAProxy != 2 || r.VsDirect != 0.5 || r.CPUVsHAProxy != 0.5 || r.CPUBoundVsDirect != 0.64 {
 		t.Errorf("localproxy upload: %+v", r)
 	}
 	if r := rows[3]; r.VsHAProxy != 0 || r.VsDirect != 0 {
@@ -427,7 +442,7 @@ func TestFillDatapathRatios(t *testing.T) {
 func TestDatapathMarkdown(t *testing.T) {
 	r := &Results{Date: "2026-01-02 03:04 UTC", Datapath: &DatapathResults{
 		Config:     datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820},
-		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1}},
+		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9, MachineCPUPerGiB: 1.5, MachineBusy: 0.97, CPUBoundVsDirect: 0.6}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1, MachineCPUPerGiB: 0.9, MachineBusy: 0.99, CPUBoundVsDirect: 1}},
 		Idle: []DatapathIdleRow{
 			{Path: pathNginx, Processes: 3, RSSKiB: 10240, FDs: 20},
 			{Path: pathNginx, Conns: 1000, Held: 990, Processes: 3, RSSKiB: 20480, FDs: 2000, KiBPerConn: 10.34, FDsPerConn: 2, KiBVsHAProxy: 0.5, Note: "held 990 of 1000 (10 failed to open)"},
@@ -436,8 +451,8 @@ func TestDatapathMarkdown(t *testing.T) {
 	}}
 	wantLines(t, r.markdown(),
 		"### Data path",
-		"| upload | localproxy | 1234 | 1.10× | 0.50× | 0.800 | 0.90× |",
-		"| upload | direct | 2500 | - | 1.00× | - | - |",
+		"| upload | localproxy | 1234 | 1.10× | 0.50× | 0.800 | 0.90× | 1.500 | 97% | 0.60× |",
+		"| upload | direct | 2500 | - | 1.00× | - | - | 0.900 | 99% | 1.00× |",
 		"| nginx | 0 | 0 | 3 | 10.0 MiB | 20 | - | - | - |",
 		"| nginx (held 990 of 1000 (10 failed to open)) | 1000 | 990 | 3 | 20.0 MiB | 2000 | 10.3 KiB | 0.50× | 2.00 |",
 		"| haproxy | 1000 | error: gone / away |",

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,11 +78,23 @@ type DatapathThroughputRow struct {
 	// ProxyCPUPerGiB is the CPU time of the proxy's processes per GiB
 	// carried; 0 for direct.
 	ProxyCPUPerGiB float64 `json:"proxy_cpu_s_per_gib,omitempty"`
+	// MachineCPUPerGiB is the whole machine's busy CPU time (/proc/stat:
+	// every process, the kernel's TCP work for both connections, the
+	// sink and the client) per GiB carried; MachineBusy the share of all
+	// cores it kept busy while the bytes moved.
+	MachineCPUPerGiB float64 `json:"machine_cpu_s_per_gib"`
+	MachineBusy      float64 `json:"machine_busy"`
 	// Ratios against HAProxy and direct in the same run (0: unknown).
 	VsHAProxy    float64 `json:"mib_per_s_vs_haproxy"`
 	VsDirect     float64 `json:"mib_per_s_vs_direct"`
 	CPUVsHAProxy float64 `json:"cpu_vs_haproxy"`
-	Error        string  `json:"error,omitempty"`
+	// CPUBoundVsDirect is direct's machine CPU per GiB over this
+	// path's: where the direct path keeps every core busy (MachineBusy
+	// near 1), the most of direct's throughput this path can reach on
+	// this machine, however little the proxy itself spends: the bytes
+	// cross the kernel's TCP stack twice.
+	CPUBoundVsDirect float64 `json:"cpu_bound_vs_direct"`
+	Error            string  `json:"error,omitempty"`
 }
 
 // DatapathIdleRow is one contender holding Conns idle connections (0: at
@@ -250,9 +263,10 @@ func fitIdleConns(counts []int, limit uint64) (fit []int, most int) {
 
 // dpSample is the throughput of one direction through one contender.
 type dpSample struct {
-	bytes int64
-	wall  time.Duration
-	cpu   time.Duration
+	bytes   int64
+	wall    time.Duration
+	cpu     time.Duration
+	machine time.Duration
 }
 
 // measureThroughput moves cfg.MiB each way through every contender, in
@@ -290,6 +304,7 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 				if d == dirDownload {
 					mode = sinkSource
 				}
+				busy0 := machineBusy()
 				wall, err := transfer(c.addr, mode, per, buf)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", c.name, d, err)
@@ -297,6 +312,7 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 				s := acc[d][c.name]
 				s.bytes += per
 				s.wall += wall
+				s.machine += machineBusy() - busy0
 				if c.pids != nil {
 					s.cpu += cpuTime(c.pids()) - cpu0
 				}
@@ -309,7 +325,9 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 		for _, c := range cs {
 			s := acc[d][c.name]
 			mib := float64(s.bytes) / (1 << 20)
-			r := DatapathThroughputRow{Direction: d, Path: c.name, MiB: mib, MiBPerSec: round(mib/s.wall.Seconds(), 1)}
+			r := DatapathThroughputRow{Direction: d, Path: c.name, MiB: mib, MiBPerSec: round(mib/s.wall.Seconds(), 1),
+				MachineCPUPerGiB: round(s.machine.Seconds()/(mib/1024), 3),
+				MachineBusy:      round(s.machine.Seconds()/(s.wall.Seconds()*float64(runtime.NumCPU())), 2)}
 			if c.pids != nil {
 				r.ProxyCPUPerGiB = round(s.cpu.Seconds()/(mib/1024), 3)
 			}
@@ -338,6 +356,7 @@ func fillDatapathRatios(rows []DatapathThroughputRow) {
 		}
 		if d, ok := base(pathDirect, r.Direction); ok {
 			rows[i].VsDirect = ratio(r.MiBPerSec, d.MiBPerSec)
+			rows[i].CPUBoundVsDirect = ratio(d.MachineCPUPerGiB, r.MachineCPUPerGiB)
 		}
 	}
 }
@@ -568,7 +587,7 @@ func runDatapath(ctx context.Context, e *env, paths []string, cfg datapathConfig
 	}
 	r.Throughput = rows
 	for _, row := range rows {
-		say("    %s/%s: %.0f MiB/s (%s of direct), proxy CPU %.3fs/GiB", row.Direction, row.Path, row.MiBPerSec, fmtRatio(row.VsDirect), row.ProxyCPUPerGiB)
+		say("    %s/%s: %.0f MiB/s (%s of direct; the CPU allows %s), proxy CPU %.3fs/GiB, machine %.3fs/GiB (%.0f%% busy)", row.Direction, row.Path, row.MiBPerSec, fmtRatio(row.VsDirect), fmtRatio(row.CPUBoundVsDirect), row.ProxyCPUPerGiB, row.MachineCPUPerGiB, 100*row.MachineBusy)
 	}
 	if len(cfg.IdleConns) > 0 {
 		say("  idle connections: %v through each, one contender at a time", cfg.IdleConns)

@@ -173,6 +173,36 @@ func processTree(pid int) []int {
 	return out
 }
 
+// machineBusy returns the CPU time all cores have spent busy since boot
+// (/proc/stat: user, nice, system, irq and softirq; not idle, iowait or
+// steal), 0 if it cannot be read.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return parseMachineBusy(line)
+}
+
+// parseMachineBusy reads /proc/stat's first line, "cpu  user nice system
+// idle iowait irq softirq steal ...", in USER_HZ (100 per second).
+func parseMachineBusy(line string) time.Duration {
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / 100)
+}
+
 // cpuTime returns the CPU time the processes' threads have used
 // (/proc/PID/task/TID/schedstat, nanoseconds).
 func cpuTime(pids []int) time.Duration {

@@ -259,16 +259,17 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 		w("")
 	}
 	if len(d.Throughput) > 0 {
-		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included.", c.MiB, c.Rounds)
+		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds)
 		w("")
-		w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy |")
-		w("|---|---|---:|---:|---:|---:|---:|")
+		w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy | machine CPU s/GiB | busy | CPU bound vs direct |")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range d.Throughput {
 			cpu := "-"
 			if r.ProxyCPUPerGiB > 0 {
 				cpu = fmt.Sprintf("%.3f", r.ProxyCPUPerGiB)
 			}
-			w("| %s | %s | %.0f | %s | %s | %s | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), cpu, fmtRatio(r.CPUVsHAProxy))
+			w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), cpu, fmtRatio(r.CPUVsHAProxy),
+				r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
 		}
 		w("")
 	}
