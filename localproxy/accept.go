@@ -95,6 +95,7 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			delay = 0
 		}
 		p.m.accepted.Inc()
+		p.noteAccept()
 		// An open connection holds two descriptors, one closed FIN first
 		// one for clientCloseGrace (closeClient): MaxConnections bounds
 		// them all.

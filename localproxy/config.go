@@ -264,6 +264,9 @@ type Config struct {
 	health healthLimits
 	// clientCloseGrace, if set, replaces the package's (tests).
 	clientCloseGrace time.Duration
+	// trimBurst and trimQuiet, if set, replace the package's (tests).
+	trimBurst int
+	trimQuiet time.Duration
 }
 
 func (c *Config) setDefaults() error {

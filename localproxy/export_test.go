@@ -65,3 +65,9 @@ func (p *Proxy) Lingering() int64 { return p.lingering.Load() }
 // SetClientCloseGrace sets how long a client connection the proxy closes
 // stays open after its FIN, instead of the default.
 func SetClientCloseGrace(c *Config, d time.Duration) { c.clientCloseGrace = d }
+
+// SetTrim replaces the burst and the quiet time of the memory trim.
+func SetTrim(c *Config, burst int, quiet time.Duration) { c.trimBurst, c.trimQuiet = burst, quiet }
+
+// Trims returns how many times p returned memory after a burst.
+func (p *Proxy) Trims() int64 { return p.trims.Load() }

@@ -60,6 +60,12 @@ type Proxy struct {
 	lingering atomic.Int64
 	// splicing counts the copies splicing now (MaxSplices).
 	splicing atomic.Int32
+	// sinceTrim counts connections accepted since the last trim (see
+	// trim.go); trims the trims; trimTimer, guarded by trimMu, fires the
+	// next one.
+	sinceTrim, trims atomic.Int64
+	trimMu           sync.Mutex
+	trimTimer        *time.Timer
 	// bytesIn and bytesOut count the bytes copied each way.
 	bytesIn, bytesOut prometheus.Counter
 
@@ -259,6 +265,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.drain(&handlers, stopConns)
 	p.closing.Wait() // at most clientCloseGrace
 	p.closePoller()
+	p.stopTrim()
 	cancel()
 	bg.Wait()
 	p.Prober().Close() // the pool's Run has returned
