@@ -473,6 +473,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestRunForwardsAndStatus(t *testing.T) {
+	defer main.SetGOMAXPROCS(main.SetGOMAXPROCS(7))
 	echo, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer echo.Close()
@@ -494,7 +495,7 @@ func TestRunForwardsAndStatus(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- main.Run(ctx, []string{"--endpoints=" + echo.Addr().String(), "--probe=tcp", "--rise=1",
-			"--bind-port=" + strconv.Itoa(port), "--health-port=" + strconv.Itoa(hport), "--log-format=json"}, env(), io.Discard, &logs)
+			"--bind-port=" + strconv.Itoa(port), "--health-port=" + strconv.Itoa(hport), "--log-format=json", "--gomaxprocs=3"}, env(), io.Discard, &logs)
 	}()
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	var c net.Conn
@@ -529,6 +530,7 @@ func TestRunForwardsAndStatus(t *testing.T) {
 		t.Fatal("run did not return")
 	}
 	assert.Contains(t, logs.String(), `"msg":"proxy listening"`)
+	assert.Contains(t, logs.String(), `"gomaxprocs":3`, "run did not apply --gomaxprocs")
 }
 
 func TestStatusErrors(t *testing.T) {
