@@ -314,11 +314,7 @@ func (p *Proxy) closeClient(nc net.Conn, gently bool) {
 		done()
 		return
 	}
-	grace := clientCloseGrace
-	if p.cfg.clientCloseGrace > 0 {
-		grace = p.cfg.clientCloseGrace
-	}
-	time.AfterFunc(grace, done)
+	time.AfterFunc(endpoint.OrDefault(p.cfg.clientCloseGrace, clientCloseGrace), done)
 }
 
 // tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client

@@ -3,6 +3,8 @@ package localproxy
 import (
 	"runtime/debug"
 	"time"
+
+	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // After a burst of new connections (a node's clients reconnecting after a
@@ -28,10 +30,7 @@ func (p *Proxy) noteAccept() {
 	if p.sinceTrim.Add(1) < p.trimBurst() {
 		return
 	}
-	quiet := trimQuiet
-	if p.cfg.trimQuiet > 0 {
-		quiet = p.cfg.trimQuiet
-	}
+	quiet := endpoint.OrDefault(p.cfg.trimQuiet, trimQuiet)
 	p.trimMu.Lock()
 	defer p.trimMu.Unlock()
 	if p.trimTimer == nil {
