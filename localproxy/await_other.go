@@ -2,11 +2,14 @@
 
 package localproxy
 
-import "errors"
+import (
+	"errors"
+	"sync/atomic"
+)
 
 // poller: elsewhere than on Linux there is none, and directions wait for
 // data on their own goroutines.
-type poller struct{}
+type poller struct{ splicing *atomic.Int32 }
 
 // newPoller returns no poller.
 func newPoller() (*poller, error) { return nil, nil }

@@ -2,6 +2,7 @@ package localproxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -43,8 +44,12 @@ type conn struct {
 	closeAt    time.Time
 	closeTimer *time.Timer
 	closed     bool
-	// id names c in the poller's keys once a direction parked; 0: none.
+	// id names c in the poller's keys once a direction parked or c went
+	// on the loop; 0: none.
 	id uint64
+	// ev, once set, holds c's sockets on the poller's loop (toLoop): the
+	// net.Conns are closed, and the loop copies; nil: goroutines copy.
+	ev *evConn
 }
 
 // attach sets c's upstream. It returns false, closing tc, when c was closed
@@ -130,8 +135,8 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 }
 
 // pipe copies in both directions, passing each EOF on with a half-close:
-// one direction on this goroutine and one on another, until each ends or
-// parks (see direction). fb, if not nil, watches for the upstream's first
+// on the poller's loop (toLoop), else one direction on this goroutine and
+// one on another, until each ends or parks (see direction). fb, if not nil, watches for the upstream's first
 // byte after the client's first bytes. The connection finishes when both
 // directions are done, on whichever goroutine ends the last one.
 func (c *conn) pipe(fb *firstByte) {
@@ -143,6 +148,9 @@ func (c *conn) pipe(fb *firstByte) {
 	}
 	c.mu.Unlock()
 	c.p.pipes.Add(1)
+	if c.toLoop() {
+		return
+	}
 	go c.dirs[toUpstream].run()
 	c.dirs[toClient].run()
 }
@@ -183,6 +191,10 @@ func (c *conn) finish() {
 // received data (endpoint.Registry.Busy).
 func (c *conn) SinceData() (sent, recv time.Duration, ok bool) {
 	c.mu.Lock()
+	if c.ev != nil {
+		defer c.mu.Unlock()
+		return c.sinceDataLocked(1)
+	}
 	up := c.upRaw
 	c.mu.Unlock()
 	if up == nil {
@@ -266,7 +278,7 @@ func (c *conn) close() {
 	// Only a direction made done here can be the last: a running one
 	// finishes c itself when it ends.
 	last := parked && c.doneLocked()
-	up, t := c.up, c.closeTimer
+	up, t, ev := c.up, c.closeTimer, c.ev
 	c.mu.Unlock()
 	if t != nil {
 		t.Stop()
@@ -274,9 +286,15 @@ func (c *conn) close() {
 	// Only a connection that reached its API server carries streams to
 	// fail retryably; one whose both sides ended with an EOF gave the
 	// client its FIN already.
-	c.p.closeClient(c.client, up != nil && c.halves.Load() < 2)
+	gently := up != nil && c.halves.Load() < 2
+	if ev != nil {
+		// The loop does not touch a closed c's descriptors.
+		c.closeLoop(ev, gently)
+	} else {
+		c.p.closeClient(c.client, gently)
+	}
 	if up != nil {
-		up.Close()
+		up.Close() // on the loop: closed already; the pool stops counting it
 	}
 	if last {
 		c.finish()
@@ -297,7 +315,7 @@ const clientCloseGrace = time.Second
 // with "client connection force closed", which client-go does not retry.
 // The descriptor held meanwhile counts against MaxConnections (accept).
 // The caller counted the close in closing; Run waits for them all.
-func (p *Proxy) closeClient(nc net.Conn, gently bool) {
+func (p *Proxy) closeClient(nc io.Closer, gently bool) {
 	cw, ok := nc.(interface{ CloseWrite() error })
 	if !gently || !ok {
 		nc.Close()

@@ -17,6 +17,10 @@ type CopyEnds struct {
 	// Upstream is the upstream's underlying connection (not the
 	// endpoint.TrackedConn around it).
 	Upstream net.Conn
+	// OnLoop: the poller's loop copies; the net.Conns are closed, and
+	// FDs are the client's and the upstream's descriptors.
+	OnLoop bool
+	FDs    [2]int
 }
 
 // CopyEnds returns the ends of every client connection that has an
@@ -26,7 +30,11 @@ func (p *Proxy) CopyEnds() []CopyEnds {
 	for _, c := range p.snapshot() {
 		c.mu.Lock()
 		if c.upRaw != nil {
-			out = append(out, CopyEnds{Client: c.client, Upstream: c.upRaw})
+			e := CopyEnds{Client: c.client, Upstream: c.upRaw}
+			if c.ev != nil && !c.closed {
+				e.OnLoop, e.FDs = true, c.loopFDs()
+			}
+			out = append(out, e)
 		}
 		c.mu.Unlock()
 	}

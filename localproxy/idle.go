@@ -25,7 +25,7 @@ func (p *Proxy) reapIdle(ctx context.Context) {
 		case <-t.C:
 		}
 		for _, c := range p.snapshot() {
-			if d, ok := idleFor(c.client); ok && d >= p.cfg.IdleTimeout {
+			if d, ok := c.idle(); ok && d >= p.cfg.IdleTimeout {
 				p.m.closed.WithLabelValues("idle").Inc()
 				p.log.V(4).Info("closing idle connection", "client", c.client.RemoteAddr().String(), "idle", d)
 				c.close()
@@ -34,6 +34,19 @@ func (p *Proxy) reapIdle(ctx context.Context) {
 		// ±10% jitter so that many proxies do not wake together.
 		t.Reset(time.Duration(float64(every) * (0.9 + 0.2*rand.Float64())))
 	}
+}
+
+// idle returns how long c's client socket has neither sent nor received
+// data (idleFor).
+func (c *conn) idle() (time.Duration, bool) {
+	c.mu.Lock()
+	if c.ev != nil {
+		defer c.mu.Unlock()
+		sent, recv, ok := c.sinceDataLocked(0)
+		return min(sent, recv), ok
+	}
+	c.mu.Unlock()
+	return idleFor(c.client)
 }
 
 // idleFor returns how long the socket has neither sent nor received data,

@@ -318,6 +318,7 @@ func (p *Proxy) parker() *poller {
 			return
 		}
 		if poll != nil {
+			poll.splicing = &p.splicing
 			p.poll = poll
 			go poll.run()
 		}

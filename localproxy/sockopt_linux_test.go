@@ -39,6 +39,16 @@ func readTCPOpts(nc net.Conn) (tcpOpts, error) {
 	}
 	var o tcpOpts
 	var gerr error
+	if err := rc.Control(func(fd uintptr) { o, gerr = readTCPOptsFD(int(fd)) }); err != nil {
+		return tcpOpts{}, err
+	}
+	return o, gerr
+}
+
+// readTCPOptsFD is readTCPOpts of the socket fd.
+func readTCPOptsFD(fd int) (tcpOpts, error) {
+	var o tcpOpts
+	var gerr error
 	get := func(fd, level, opt int) int {
 		v, err := unix.GetsockoptInt(fd, level, opt)
 		if err != nil && gerr == nil {
@@ -46,18 +56,13 @@ func readTCPOpts(nc net.Conn) (tcpOpts, error) {
 		}
 		return v
 	}
-	if err := rc.Control(func(fdp uintptr) {
-		fd := int(fdp)
-		o.KeepAlive = get(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0
-		if o.KeepAlive {
-			o.Idle = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
-			o.Interval = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
-			o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
-		}
-		o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
-	}); err != nil {
-		return tcpOpts{}, err
+	o.KeepAlive = get(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0
+	if o.KeepAlive {
+		o.Idle = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		o.Interval = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+		o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
 	}
+	o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 	return o, gerr
 }
 
@@ -103,10 +108,16 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			require.Equal(t, c.LocalAddr().String(), ends[0].Client.RemoteAddr().String(), "not this test's client socket")
 			require.Equal(t, echo.addr(), ends[0].Upstream.RemoteAddr().String(), "not the upstream socket")
 
-			got, err := readTCPOpts(ends[0].Client)
+			read := func(side int, nc net.Conn) (tcpOpts, error) {
+				if ends[0].OnLoop {
+					return readTCPOptsFD(ends[0].FDs[side])
+				}
+				return readTCPOpts(nc)
+			}
+			got, err := read(0, ends[0].Client)
 			require.NoError(t, err)
 			assert.Equal(t, tc.client, got, "client side")
-			got, err = readTCPOpts(ends[0].Upstream)
+			got, err = read(1, ends[0].Upstream)
 			require.NoError(t, err)
 			assert.Equal(t, tc.upstream, got, "upstream side")
 		})

@@ -2,13 +2,11 @@ package main
 
 import "runtime"
 
-// defaultGOMAXPROCS is --gomaxprocs's default. With one P, a goroutine
-// that data wakes runs on the thread that polled the network, and no
-// other thread is woken to look for work. In make bench (two cores,
-// 2026-11-26 and 27), the proxy's CPU per request against HAProxy's went
-// from 1.19-1.62× to 1.01-1.49× and 1.15-1.45× in two runs, and its bulk
-// throughput stayed 1.6-2.1× HAProxy's (the copies splice in the kernel).
-const defaultGOMAXPROCS = 1
+// defaultGOMAXPROCS is --gomaxprocs's default: Go's own choice. The
+// proxy's event loop blocks a thread in epoll_wait with its P; with one
+// P the loop waits through Go's network poller instead, which costs more
+// per message (localproxy/await_linux.go).
+const defaultGOMAXPROCS = 0
 
 // setGOMAXPROCS is runtime.GOMAXPROCS; the tests, which run the proxy
 // inside their own process, record the request instead.

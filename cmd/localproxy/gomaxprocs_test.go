@@ -6,8 +6,8 @@ import (
 	main "github.com/apifailover/apifailover/cmd/localproxy"
 )
 
-// --gomaxprocs: its default applies unless the GOMAXPROCS environment
-// variable is set; given, it wins over the variable; 0 keeps Go's choice.
+// --gomaxprocs: 0 (the default) keeps Go's choice; a value applies unless
+// the GOMAXPROCS environment variable is set and the flag was not given.
 func TestApplyGOMAXPROCS(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -16,8 +16,8 @@ func TestApplyGOMAXPROCS(t *testing.T) {
 		env  string
 		want int
 	}{
-		{"default", 1, false, "", 1},
-		{"default, GOMAXPROCS set", 1, false, "3", 7},
+		{"default: Go's choice", 0, false, "", 7},
+		{"unset, GOMAXPROCS set", 1, false, "3", 7},
 		{"flag", 2, true, "", 2},
 		{"flag over GOMAXPROCS", 2, true, "3", 2},
 		{"zero: Go's choice", 0, true, "", 7},

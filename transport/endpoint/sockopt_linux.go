@@ -41,11 +41,16 @@ func SinceData(nc net.Conn) (sent, recv time.Duration, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	var info *unix.TCPInfo
-	var ierr error
-	if err := rc.Control(func(fd uintptr) {
-		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-	}); err != nil || ierr != nil {
+	if err := rc.Control(func(fd uintptr) { sent, recv, ok = SinceDataFD(int(fd)) }); err != nil {
+		return 0, 0, false
+	}
+	return sent, recv, ok
+}
+
+// SinceDataFD is SinceData of the TCP socket fd.
+func SinceDataFD(fd int) (sent, recv time.Duration, ok bool) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
 		return 0, 0, false
 	}
 	return time.Duration(info.Last_data_sent) * time.Millisecond, time.Duration(info.Last_data_recv) * time.Millisecond, true

@@ -1,0 +1,482 @@
+package localproxy
+
+import (
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/apifailover/apifailover/transport/endpoint"
+)
+
+// The event loop: a connection whose two sockets are TCP is copied by the
+// poller's goroutine itself (poller.run), HAProxy's way: both sockets are
+// taken out of Go's network poller (toLoop: a duplicate of each
+// descriptor is kept, the net.Conn closed) and registered with the
+// poller, edge triggered, for reading and writing. A readable socket is
+// read into a pooled buffer and what came is written to the other at
+// once; what the other does not take waits for it to be writable, and
+// the source is not read meanwhile (backpressure: the kernel's buffers
+// fill and TCP's window closes). A source's EOF is passed on with a
+// half-close (shutdown SHUT_WR) once what came before it is written; an
+// error closes the connection. Data wakes one thread, no goroutine; an
+// idle connection holds its two descriptors and about 100 bytes here.
+// A connection whose sockets cannot be taken off (not TCP, out of
+// descriptors for the duplicates) copies on goroutines (copy.go).
+
+// loopShare is how much one direction may copy per event before the
+// poller turns to the other connections; it goes on with it after them.
+const loopShare = 256 << 10
+
+// evConn is a connection on the loop: its sockets and what each
+// direction has read and not yet written. Guarded by conn.mu; only the
+// poller's goroutine copies, and conn.close closes the descriptors.
+type evConn struct {
+	// fds are the client's socket (0: toUpstream's source) and the
+	// upstream's (1).
+	fds  [2]int
+	dirs [2]evDir
+}
+
+// evDir is one direction on the loop.
+type evDir struct {
+	// bp holds bytes read, (*bp)[off:n] not yet written; nil: none.
+	bp     *[]byte
+	off, n int
+	// pipe, while bulk data is spliced (pipe[1] != 0), is the kernel
+	// pipe it goes through (read end, write end), and piped how much of
+	// it is in the pipe, not yet spliced to dst.
+	pipe  [2]int
+	piped int
+	// eof: the source ended; the destination is shut down for writing
+	// once bp is written. ended: that is done.
+	eof, ended bool
+}
+
+// waiting: the direction has something for dst to take (bytes in its
+// buffer or pipe, or its EOF to pass on).
+func (e *evDir) waiting() bool { return e.bp != nil || e.piped > 0 || e.eof }
+
+// loopWork is a direction the poller goes on copying after an event's
+// share.
+type loopWork struct {
+	c    *conn
+	side int
+}
+
+// sockFD is a loop socket's descriptor, closed by closeClient.
+type sockFD int
+
+func (s sockFD) CloseWrite() error { return unix.Shutdown(int(s), unix.SHUT_WR) }
+func (s sockFD) Close() error      { return unix.Close(int(s)) }
+
+// toLoop puts c on the poller's loop, if there is one and both its
+// sockets are TCP; false: c is to copy on goroutines. Called by pipe
+// before any copy starts.
+func (c *conn) toLoop() bool {
+	p := c.p.parker()
+	client, ok1 := c.client.(*net.TCPConn)
+	up, ok2 := c.upRaw.(*net.TCPConn)
+	if p == nil || !ok1 || !ok2 {
+		return false
+	}
+	cfd, err := dupFD(client)
+	if err != nil {
+		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the client's socket", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		return false
+	}
+	ufd, err := dupFD(up)
+	if err != nil {
+		unix.Close(cfd)
+		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the upstream's socket", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		return false
+	}
+	// Go's poller lets go of them; the duplicates stay open.
+	client.Close()
+	up.Close()
+	c.mu.Lock()
+	if c.closed {
+		// close saw the net.Conns, not the duplicates, and left the
+		// directions, running as far as it knew, to finish c.
+		c.dirs[toUpstream].state, c.dirs[toClient].state = dirDone, dirDone
+		c.mu.Unlock()
+		unix.Close(cfd)
+		unix.Close(ufd)
+		c.finish()
+		return true
+	}
+	defer c.mu.Unlock()
+	c.ev = &evConn{fds: [2]int{cfd, ufd}}
+	// The loop owns both directions: no goroutine runs them, and close
+	// ends them as parked ones.
+	c.dirs[toUpstream].state, c.dirs[toClient].state = dirParked, dirParked
+	if c.id == 0 {
+		c.id = p.add(c)
+	}
+	for s, fd := range c.ev.fds {
+		if err := p.register(fd, c.id<<1|uint64(s)); err != nil {
+			c.p.log.V(2).Info("closing the connection: the poller refused it", "client", c.client.RemoteAddr().String(), "err", err.Error())
+			// Registered or not, the descriptors are closed by close,
+			// which can be called once c.mu is released.
+			go c.close()
+			return true
+		}
+	}
+	return true
+}
+
+// dupFD duplicates tc's descriptor (close-on-exec, non-blocking as the
+// original: the flag belongs to the shared file description).
+func dupFD(tc *net.TCPConn) (int, error) {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	nfd, derr := -1, error(nil)
+	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return nfd, derr
+}
+
+// onEvent handles what the poller saw on socket sock of c: readable,
+// ended or failed, its direction copies; writable, the direction writing
+// to it goes on.
+func (c *conn) onEvent(sock int, events uint32) {
+	ended := events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
+	if ended || events&unix.EPOLLIN != 0 {
+		c.step(sock, false, ended)
+	}
+	if events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.step(1-sock, true, false)
+	}
+}
+
+// stepped is what one step of a direction leaves to do once c.mu is
+// released.
+type stepped struct {
+	// first: the direction's first read happened (n bytes, fl what they
+	// are, err the read's or the write's).
+	first bool
+	n     int
+	fl    flight
+	err   error // the read's or the write's: c is to be closed
+	ended bool  // the source's EOF was passed on: the direction is done
+	last  bool  // and so is the other: c is to finish
+	again bool  // loopShare copied and more may be there
+}
+
+// step copies for direction side of c until its source has nothing more,
+// its destination is full, it ended, failed, or copied loopShare.
+// writable: the destination became writable, and only a direction
+// waiting for that has something to do. ended: the source has ended or
+// failed, and is read until it says so.
+func (c *conn) step(side int, writable, ended bool) {
+	c.mu.Lock()
+	ev := c.ev
+	if c.closed || ev == nil || ev.dirs[side].ended || (writable && !ev.dirs[side].waiting()) {
+		c.mu.Unlock()
+		return
+	}
+	s := c.copyLocked(side, ended)
+	c.mu.Unlock()
+	if s.first {
+		c.first(side, s.n, s.fl, s.err)
+	}
+	switch {
+	case s.err != nil:
+		c.close()
+	case s.last:
+		c.halves.Add(1)
+		c.close()
+		c.finish()
+	case s.ended:
+		if c.halves.Add(1) == 1 && c.p.cfg.HalfOpenTimeout > 0 {
+			c.closeBy(time.Now().Add(c.p.cfg.HalfOpenTimeout))
+		}
+	case s.again:
+		c.p.poll.again = append(c.p.poll.again, loopWork{c, side})
+	}
+}
+
+// copyLocked is step's copy, under c.mu. A read that did not fill the
+// buffer found src's queue empty: more data, or its end, is a new edge,
+// and the copy stops there without reading again, unless src is known to
+// have ended (its FIN may be queued behind the data), or the bytes were
+// read before an earlier wait for dst (the edges meanwhile were taken).
+func (c *conn) copyLocked(side int, ended bool) (s stepped) {
+	e := &c.ev.dirs[side]
+	d := &c.dirs[side]
+	src, dst := c.ev.fds[side], c.ev.fds[1-side]
+	moved := 0
+	readHere := false
+	for {
+		if e.bp != nil {
+			w, errno := writeFD(dst, (*e.bp)[e.off:e.n])
+			d.wrote(w)
+			e.off += w
+			switch {
+			case errno == unix.EAGAIN:
+				return s // on with it when dst is writable
+			case errno != 0:
+				s.err = fdError("write", c, 1-side, errno)
+				return s
+			}
+			drained := e.n < len(*e.bp)
+			copyBufs.Put(e.bp)
+			e.bp = nil
+			if drained && readHere && !ended && !e.eof {
+				// The read found src's queue empty; more data is a new
+				// edge.
+				return s
+			}
+			if !drained && !e.eof && e.pipe[1] == 0 {
+				c.p.poll.takePipe(e, src)
+			}
+		}
+		if moved >= loopShare {
+			s.again = true
+			return s
+		}
+		if e.pipe[1] != 0 && !e.eof {
+			var more bool
+			more, s.err = c.splice(side, e, src, dst, &moved, ended || !readHere)
+			if s.err != nil || !more {
+				return s
+			}
+			readHere = true
+			continue
+		}
+		if e.eof {
+			e.ended = true
+			if err := unix.Shutdown(dst, unix.SHUT_WR); err != nil {
+				s.err = fdError("shutdown", c, 1-side, err)
+				return s
+			}
+			// Done under c.mu, so that close, which ends the parked
+			// directions and finishes c, and this agree on who finishes.
+			d.state = dirDone
+			s.ended, s.last = true, c.doneLocked()
+			return s
+		}
+		bp := copyBufs.Get().(*[]byte)
+		n, errno := rawIO(unix.SYS_READ, uintptr(src), *bp)
+		switch {
+		case errno == unix.EAGAIN:
+			copyBufs.Put(bp)
+			return s
+		case errno != 0:
+			copyBufs.Put(bp)
+			s.err = fdError("read", c, side, errno)
+			if !d.started {
+				d.started = true
+				s.first = true
+			}
+			return s
+		case n == 0:
+			copyBufs.Put(bp)
+			e.eof = true
+			if !d.started {
+				d.started = true
+				s.first = true
+			}
+			continue
+		}
+		if !d.started {
+			d.started = true
+			s.first, s.n = true, n
+			if side == toUpstream {
+				s.fl = firstFlight((*bp)[:n])
+			}
+		}
+		e.bp, e.off, e.n = bp, 0, n
+		moved += n
+		readHere = true
+	}
+}
+
+// writeFD writes b to fd until it is written or the socket's buffer is
+// full (EAGAIN) or the write fails.
+func writeFD(fd int, b []byte) (int, syscall.Errno) {
+	w := 0
+	for w < len(b) {
+		n, errno := rawIO(unix.SYS_WRITE, uintptr(fd), b[w:])
+		if errno != 0 {
+			return w, errno
+		}
+		w += n
+	}
+	return w, 0
+}
+
+// fdError is a loop socket's failure as its net.Conn would report it.
+func fdError(op string, c *conn, sock int, err error) error {
+	nc := c.client
+	if sock == 1 {
+		nc = c.upRaw
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: nc.LocalAddr(), Addr: nc.RemoteAddr(), Err: os.NewSyscallError(op, err)}
+}
+
+// splice moves bulk data from src to dst through e's pipe: what the pipe
+// holds first, then what src has queued, a pipe's worth at a time. It
+// returns more: false when dst is full (on with it when writable) or src
+// had less than a pipe's worth and the copy is to stop there, as after a
+// short read (see copyLocked; readAll: read on until src is empty or
+// ends). The pipe goes back to the poller once src is empty or ended.
+func (c *conn) splice(side int, e *evDir, src, dst int, moved *int, readAll bool) (more bool, err error) {
+	d := &c.dirs[side]
+	for e.piped > 0 {
+		n, errno := spliceFD(e.pipe[0], dst, e.piped)
+		d.wrote(n)
+		e.piped -= n
+		switch {
+		case errno == unix.EAGAIN:
+			return false, nil
+		case errno != 0:
+			return false, fdError("splice", c, 1-side, errno)
+		}
+	}
+	if *moved >= loopShare {
+		return true, nil // copyLocked stops there, and goes on after the others
+	}
+	n, errno := spliceFD(src, e.pipe[1], pipeSize)
+	switch {
+	case errno == unix.EAGAIN:
+		c.p.poll.putPipe(e)
+		return false, nil
+	case errno != 0:
+		c.p.poll.putPipe(e)
+		return false, fdError("splice", c, side, errno)
+	case n == 0:
+		c.p.poll.putPipe(e)
+		e.eof = true
+		return true, nil
+	}
+	e.piped = n
+	*moved += n
+	if n < pipeSize && !readAll {
+		// src is empty for now: pass on what came, then stop.
+		for e.piped > 0 {
+			w, errno := spliceFD(e.pipe[0], dst, e.piped)
+			d.wrote(w)
+			e.piped -= w
+			switch {
+			case errno == unix.EAGAIN:
+				return false, nil
+			case errno != 0:
+				return false, fdError("splice", c, 1-side, errno)
+			}
+		}
+		c.p.poll.putPipe(e)
+		return false, nil
+	}
+	return true, nil
+}
+
+// pipeSize is how much one splice moves at most: a pipe's default
+// capacity.
+const pipeSize = 64 << 10
+
+// spliceFD is splice(2) of up to n bytes from in to out, non-blocking, as
+// a raw system call, retried on EINTR.
+func spliceFD(in, out, n int) (int, syscall.Errno) {
+	for {
+		r, _, errno := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_NONBLOCK|unix.SPLICE_F_MOVE)
+		switch errno {
+		case 0:
+			return int(r), 0
+		case unix.EINTR:
+			continue
+		default:
+			return 0, errno // r is -1
+		}
+	}
+}
+
+// takePipe gives e a pipe if src has at least spliceMin queued and fewer
+// than MaxSplices copies splice (Proxy.splicing, shared with the
+// goroutines' copies); otherwise e goes on through its buffer.
+func (p *poller) takePipe(e *evDir, src int) {
+	queued, err := unix.IoctlGetInt(src, unix.SIOCINQ)
+	if err != nil || queued < spliceMin {
+		return
+	}
+	if p.splicing.Add(1) > MaxSplices {
+		p.splicing.Add(-1)
+		return
+	}
+	if n := len(p.pipes); n > 0 {
+		e.pipe, p.pipes = p.pipes[n-1], p.pipes[:n-1]
+		return
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		p.splicing.Add(-1)
+		return
+	}
+	e.pipe = fds
+}
+
+// putPipe takes back e's empty pipe, keeping a few for the next bulk.
+func (p *poller) putPipe(e *evDir) {
+	if len(p.pipes) < idlePipes {
+		p.pipes = append(p.pipes, e.pipe)
+	} else {
+		unix.Close(e.pipe[0])
+		unix.Close(e.pipe[1])
+	}
+	e.pipe, e.piped = [2]int{}, 0
+	p.splicing.Add(-1)
+}
+
+// idlePipes is how many empty pipes the poller keeps.
+const idlePipes = 4
+
+// runAgain goes on with the directions that copied their share.
+func (p *poller) runAgain() {
+	if len(p.again) == 0 {
+		return
+	}
+	work := p.again
+	p.again = nil
+	for _, w := range work {
+		w.c.step(w.side, false, true)
+	}
+}
+
+// closeLoop closes a loop connection's descriptors, for close: the
+// client's FIN first if gently (closeClient), the upstream's at once, and
+// puts back what the directions had not written.
+func (c *conn) closeLoop(ev *evConn, gently bool) {
+	for i := range ev.dirs {
+		e := &ev.dirs[i]
+		if e.bp != nil {
+			copyBufs.Put(e.bp)
+			e.bp = nil
+		}
+		if e.pipe[1] != 0 { // what it holds is lost with the connection
+			unix.Close(e.pipe[0])
+			unix.Close(e.pipe[1])
+			e.pipe = [2]int{}
+			c.p.poll.splicing.Add(-1)
+		}
+	}
+	c.p.closeClient(sockFD(ev.fds[0]), gently)
+	unix.Close(ev.fds[1])
+}
+
+// sinceDataLocked is SinceData of a loop connection's upstream, and
+// idleLocked how long its client socket carried no data; under c.mu.
+func (c *conn) sinceDataLocked(sock int) (sent, recv time.Duration, ok bool) {
+	if c.closed {
+		return 0, 0, false
+	}
+	return endpoint.SinceDataFD(c.ev.fds[sock])
+}
+
+// loopFDs returns the descriptors of a loop connection (c.ev set), under
+// c.mu.
+func (c *conn) loopFDs() [2]int { return c.ev.fds }
