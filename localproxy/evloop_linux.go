@@ -242,7 +242,7 @@ func (c *conn) copyLocked(side int, ended bool) (s stepped) {
 		}
 		if e.pipe[1] != 0 && !e.eof {
 			var more bool
-			more, s.err = c.splice(side, e, src, dst, &moved, ended || !readHere)
+			more, s.err = c.splice(side, e, src, dst, &moved)
 			if s.err != nil || !more {
 				return s
 			}
@@ -323,10 +323,11 @@ func fdError(op string, c *conn, sock int, err error) error {
 // splice moves bulk data from src to dst through e's pipe: what the pipe
 // holds first, then what src has queued, a pipe's worth at a time. It
 // returns more: false when dst is full (on with it when writable) or src
-// had less than a pipe's worth and the copy is to stop there, as after a
-// short read (see copyLocked; readAll: read on until src is empty or
-// ends). The pipe goes back to the poller once src is empty or ended.
-func (c *conn) splice(side int, e *evDir, src, dst int, moved *int, readAll bool) (more bool, err error) {
+// is empty (EAGAIN). A splice that moved less than asked says nothing of
+// what is left (it stops at the pipe's slots, one per socket buffer
+// fragment), so, unlike a short read, it does not end the copy. The pipe
+// goes back to the poller once src is empty or ended.
+func (c *conn) splice(side int, e *evDir, src, dst int, moved *int) (more bool, err error) {
 	d := &c.dirs[side]
 	for e.piped > 0 {
 		n, errno := spliceFD(e.pipe[0], dst, e.piped)
@@ -357,22 +358,6 @@ func (c *conn) splice(side int, e *evDir, src, dst int, moved *int, readAll bool
 	}
 	e.piped = n
 	*moved += n
-	if n < pipeSize && !readAll {
-		// src is empty for now: pass on what came, then stop.
-		for e.piped > 0 {
-			w, errno := spliceFD(e.pipe[0], dst, e.piped)
-			d.wrote(w)
-			e.piped -= w
-			switch {
-			case errno == unix.EAGAIN:
-				return false, nil
-			case errno != 0:
-				return false, fdError("splice", c, 1-side, errno)
-			}
-		}
-		c.p.poll.putPipe(e)
-		return false, nil
-	}
 	return true, nil
 }
 
