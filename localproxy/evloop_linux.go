@@ -53,6 +53,10 @@ type evDir struct {
 	// eof: the source ended; the destination is shut down for writing
 	// once bp is written. ended: that is done.
 	eof, ended bool
+	// hup: an event said the source ended or failed. Kept, because that
+	// edge does not come again: a direction waiting for dst then reads
+	// its source until it says so.
+	hup bool
 }
 
 // waiting: the direction has something for dst to take (bytes in its
@@ -176,11 +180,14 @@ type stepped struct {
 func (c *conn) step(side int, writable, ended bool) {
 	c.mu.Lock()
 	ev := c.ev
+	if ev != nil && ended {
+		ev.dirs[side].hup = true
+	}
 	if c.closed || ev == nil || ev.dirs[side].ended || (writable && !ev.dirs[side].waiting()) {
 		c.mu.Unlock()
 		return
 	}
-	s := c.copyLocked(side, ended)
+	s := c.copyLocked(side, ev.dirs[side].hup)
 	c.mu.Unlock()
 	if s.first {
 		c.first(side, s.n, s.fl, s.err)
