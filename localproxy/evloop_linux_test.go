@@ -1,11 +1,20 @@
 package localproxy_test
 
 import (
+	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/apifailover/apifailover/localproxy"
 )
@@ -62,4 +71,131 @@ func TestLoopPassesOnAnEOFThatCameWhileWaiting(t *testing.T) {
 			})
 		}
 	}
+}
+
+// The last bytes and the FIN of a sender arrive while the loop waits for
+// the other side to take what came before (its socket is full): the FIN's
+// edge does not come again, so the loop must keep it. Once the reader
+// reads again it gets every byte, then the EOF, in both directions.
+// Unlike the test above, this one stalls the loop on purpose: the sender
+// goes on until the proxy's socket holds bytes it does not read.
+func TestLoopKeepsAnEndThatCameWhileTheReaderWasFull(t *testing.T) {
+	t.Run("to client", func(t *testing.T) {
+		t.Parallel()
+		sent := make(chan int, 1)
+		srv := newServer(t, func(c *net.TCPConn) {
+			if _, err := c.Read(make([]byte, 1)); err != nil {
+				return
+			}
+			// The proxy reads what c sends from its socket to c.
+			sent <- fillThenEnd(t, c, c.RemoteAddr(), c.LocalAddr())
+			io.Copy(io.Discard, c)
+		})
+		r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+		d := net.Dialer{Control: smallRcvBuf}
+		c, err := d.Dial("tcp", r.addr())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = c.Write([]byte("x"))
+		require.NoError(t, err)
+		n := <-sent
+		require.True(t, r.CopyEnds()[0].OnLoop, "the connection is not on the loop")
+		readAllAfterEnd(t, c, n)
+	})
+	t.Run("to upstream", func(t *testing.T) {
+		t.Parallel()
+		sent := make(chan int, 1)
+		lc := net.ListenConfig{Control: smallRcvBuf}
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		read := make(chan struct{})
+		srv := serveOn(t, ln, func(c *net.TCPConn) {
+			readAllAfterEnd(t, c, <-sent)
+			close(read)
+		})
+		r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+		c := dial(t, r.addr()).(*net.TCPConn)
+		require.Eventually(t, func() bool { return len(r.CopyEnds()) == 1 }, 10*time.Second, 10*time.Millisecond)
+		require.True(t, r.CopyEnds()[0].OnLoop, "the connection is not on the loop")
+		// The proxy reads what c sends from its socket to c.
+		sent <- fillThenEnd(t, c, c.RemoteAddr(), c.LocalAddr())
+		<-read
+	})
+}
+
+// fillThenEnd sends on w until the proxy, which reads w's bytes from its
+// socket local (to remote), stops reading them: the other side is full.
+// Then, once the loop has seen the queue grow, a short tail and the FIN.
+// It returns how many bytes it sent.
+func fillThenEnd(t *testing.T, w *net.TCPConn, local, remote net.Addr) int {
+	chunk := make([]byte, 16<<10)
+	sent := 0
+	for {
+		if sent > 256<<20 {
+			t.Errorf("the proxy read all of %d bytes: it never stalled", sent)
+			break
+		}
+		n, err := w.Write(chunk)
+		sent += n
+		if err != nil {
+			t.Errorf("writing: %v", err)
+			return sent
+		}
+		if q := rxQueue(t, local, remote); q > 0 {
+			time.Sleep(20 * time.Millisecond)
+			if rxQueue(t, local, remote) == q {
+				break // not read for 20ms: waiting for the other side
+			}
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	n, _ := w.Write(make([]byte, 100))
+	w.CloseWrite()
+	return sent + n
+}
+
+// readAllAfterEnd waits for the FIN to reach the stalled loop, then reads
+// c to its EOF, expecting want bytes.
+func readAllAfterEnd(t *testing.T, c net.Conn, want int) {
+	time.Sleep(100 * time.Millisecond)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	if err != nil || n != int64(want) {
+		t.Errorf("got %d of %d bytes, then %v (want EOF)", n, want, err)
+	}
+}
+
+// smallRcvBuf, a socket's Control, gives it a 4 KiB receive buffer, so
+// that the proxy's writes to it stall early.
+func smallRcvBuf(_, _ string, rc syscall.RawConn) error {
+	var serr error
+	err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
+	if err == nil {
+		err = serr
+	}
+	return err
+}
+
+// rxQueue is how many bytes wait in the receive queue of this process's
+// TCP socket from local to remote, both IPv4 (/proc/net/tcp).
+func rxQueue(t *testing.T, local, remote net.Addr) int {
+	b, err := os.ReadFile("/proc/net/tcp")
+	require.NoError(t, err)
+	hex := func(a net.Addr) string {
+		ta := a.(*net.TCPAddr)
+		return fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(ta.IP.To4()), ta.Port)
+	}
+	l, r := hex(local), hex(remote)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[1] != l || f[2] != r {
+			continue
+		}
+		_, rx, _ := strings.Cut(f[4], ":")
+		q, err := strconv.ParseInt(rx, 16, 64)
+		require.NoError(t, err, "/proc/net/tcp: %q", line)
+		return int(q)
+	}
+	t.Fatalf("no socket from %v to %v in /proc/net/tcp", local, remote)
+	return 0
 }
