@@ -301,11 +301,11 @@ func (p *poller) ctl(rc syscall.RawConn, op func(epfd, fd int) error) error {
 }
 
 // register adds fd, a socket of a loop connection, to the epoll set for
-// reading and writing, edge triggered, under key. A socket that is
+// reading (urgent data too) and writing, edge triggered, under key. A socket that is
 // ready already is reported at once.
 func (p *poller) register(fd int, key uint64) error {
 	ev := unix.EpollEvent{
-		Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET,
+		Events: unix.EPOLLIN | unix.EPOLLPRI | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET,
 		Fd:     int32(uint32(key)),
 		Pad:    int32(uint32(key >> 32)),
 	}

@@ -3,6 +3,7 @@ package localproxy
 import (
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +58,14 @@ type evDir struct {
 	// edge does not come again: a direction waiting for dst then reads
 	// its source until it says so.
 	hup bool
+	// urgent: the source had TCP urgent data (a client's MSG_OOB). A
+	// read stops short at its mark, with more queued and no edge to
+	// come, so from then on the direction reads until EAGAIN, and does
+	// not splice (a splice stops at the mark too).
+	urgent bool
+	// queued: the direction is on the poller's again list. Only the
+	// poller's goroutine sets and clears it.
+	queued bool
 }
 
 // waiting: the direction has something for dst to take (bytes in its
@@ -97,21 +106,19 @@ func (c *conn) toLoop() bool {
 		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the upstream's socket", "client", c.client.RemoteAddr().String(), "err", err.Error())
 		return false
 	}
-	// Go's poller lets go of them; the duplicates stay open.
-	client.Close()
-	up.Close()
+	if f := loopHandoff.Load(); f != nil {
+		(*f)(c)
+	}
 	c.mu.Lock()
 	if c.closed {
-		// close saw the net.Conns, not the duplicates, and left the
-		// directions, running as far as it knew, to finish c.
-		c.dirs[toUpstream].state, c.dirs[toClient].state = dirDone, dirDone
+		// close came first and closed the net.Conns, the client's gently
+		// (closeClient): the duplicates go, and the copies on goroutines
+		// end c as they would have without the loop.
 		c.mu.Unlock()
 		unix.Close(cfd)
 		unix.Close(ufd)
-		c.finish()
-		return true
+		return false
 	}
-	defer c.mu.Unlock()
 	c.ev = &evConn{fds: [2]int{cfd, ufd}}
 	// The loop owns both directions: no goroutine runs them, and close
 	// ends them as parked ones.
@@ -125,11 +132,21 @@ func (c *conn) toLoop() bool {
 			// Registered or not, the descriptors are closed by close,
 			// which can be called once c.mu is released.
 			go c.close()
-			return true
+			break
 		}
 	}
+	c.mu.Unlock()
+	// Go's poller lets go of the sockets; the duplicates keep them open,
+	// so a close from now on goes through them (closeLoop), gently for
+	// the client's.
+	client.Close()
+	up.Close()
 	return true
 }
+
+// loopHandoff, if set (tests), runs between duplicating a connection's
+// sockets and handing them to the loop.
+var loopHandoff atomic.Pointer[func(*conn)]
 
 // dupFD duplicates tc's descriptor (close-on-exec, non-blocking as the
 // original: the flag belongs to the shared file description).
@@ -146,17 +163,43 @@ func dupFD(tc *net.TCPConn) (int, error) {
 }
 
 // onEvent handles what the poller saw on socket sock of c: readable,
-// ended or failed, its direction copies; writable, the direction writing
-// to it goes on.
+// ended, failed or holding urgent data, its direction copies; writable,
+// the direction writing to it goes on.
 func (c *conn) onEvent(sock int, events uint32) {
 	ended := events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
-	if ended || events&unix.EPOLLIN != 0 {
-		c.step(sock, false, ended)
+	switch {
+	case events&unix.EPOLLPRI != 0:
+		c.step(sock, stepUrgent)
+		if ended {
+			c.step(sock, stepEnded)
+		}
+	case ended:
+		c.step(sock, stepEnded)
+	case events&unix.EPOLLIN != 0:
+		c.step(sock, stepReadable)
 	}
 	if events&(unix.EPOLLOUT|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.step(1-sock, true, false)
+		c.step(1-sock, stepWritable)
 	}
 }
+
+// stepWhy is why a direction steps.
+type stepWhy int
+
+const (
+	// stepReadable: its source has new data.
+	stepReadable stepWhy = iota
+	// stepEnded: its source ended or failed (kept: evDir.hup).
+	stepEnded
+	// stepUrgent: its source holds TCP urgent data (kept: evDir.urgent).
+	stepUrgent
+	// stepWritable: its destination took what it held; only a direction
+	// waiting for that has something to do.
+	stepWritable
+	// stepAgain: it copied its share (loopShare) at its last step, and
+	// may have more.
+	stepAgain
+)
 
 // stepped is what one step of a direction leaves to do once c.mu is
 // released.
@@ -169,26 +212,42 @@ type stepped struct {
 	err   error // the read's or the write's: c is to be closed
 	ended bool  // the source's EOF was passed on: the direction is done
 	last  bool  // and so is the other: c is to finish
-	again bool  // loopShare copied and more may be there
+	again bool  // loopShare copied and more may be there: on p.again
+	// wrote is how many bytes the step wrote to the destination.
+	wrote int
 }
 
 // step copies for direction side of c until its source has nothing more,
-// its destination is full, it ended, failed, or copied loopShare.
-// writable: the destination became writable, and only a direction
-// waiting for that has something to do. ended: the source has ended or
-// failed, and is read until it says so.
-func (c *conn) step(side int, writable, ended bool) {
+// its destination is full, it ended, failed, or copied loopShare (then
+// the poller goes on with it after the others: p.again, once).
+func (c *conn) step(side int, why stepWhy) {
 	c.mu.Lock()
 	ev := c.ev
-	if ev != nil && ended {
-		ev.dirs[side].hup = true
-	}
-	if c.closed || ev == nil || ev.dirs[side].ended || (writable && !ev.dirs[side].waiting()) {
+	if ev == nil {
 		c.mu.Unlock()
 		return
 	}
-	s := c.copyLocked(side, ev.dirs[side].hup)
+	e := &ev.dirs[side]
+	switch why {
+	case stepEnded:
+		e.hup = true
+	case stepUrgent:
+		e.urgent = true
+	case stepAgain:
+		e.queued = false
+	}
+	if c.closed || e.ended || (why == stepWritable && !e.waiting()) {
+		c.mu.Unlock()
+		return
+	}
+	s := c.copyLocked(side, e.hup || e.urgent)
+	if s.again {
+		// Once on the list: an edge may step it meanwhile.
+		s.again = !e.queued
+		e.queued = true
+	}
 	c.mu.Unlock()
+	c.dirs[side].wrote(s.wrote)
 	if s.first {
 		c.first(side, s.n, s.fl, s.err)
 	}
@@ -210,10 +269,11 @@ func (c *conn) step(side int, writable, ended bool) {
 
 // copyLocked is step's copy, under c.mu. A read that did not fill the
 // buffer found src's queue empty: more data, or its end, is a new edge,
-// and the copy stops there without reading again, unless src is known to
-// have ended (its FIN may be queued behind the data), or the bytes were
-// read before an earlier wait for dst (the edges meanwhile were taken).
-func (c *conn) copyLocked(side int, ended bool) (s stepped) {
+// and the copy stops there without reading again, unless readAll: src is
+// known to have ended (its FIN may be queued behind the data) or to hold
+// urgent data; or the bytes were read before an earlier wait for dst
+// (the edges meanwhile were taken).
+func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 	e := &c.ev.dirs[side]
 	d := &c.dirs[side]
 	src, dst := c.ev.fds[side], c.ev.fds[1-side]
@@ -222,7 +282,7 @@ func (c *conn) copyLocked(side int, ended bool) (s stepped) {
 	for {
 		if e.bp != nil {
 			w, errno := writeFD(dst, (*e.bp)[e.off:e.n])
-			d.wrote(w)
+			s.wrote += w
 			e.off += w
 			switch {
 			case errno == unix.EAGAIN:
@@ -234,12 +294,12 @@ func (c *conn) copyLocked(side int, ended bool) (s stepped) {
 			drained := e.n < len(*e.bp)
 			copyBufs.Put(e.bp)
 			e.bp = nil
-			if drained && readHere && !ended && !e.eof {
+			if drained && readHere && !readAll && !e.eof {
 				// The read found src's queue empty; more data is a new
 				// edge.
 				return s
 			}
-			if !drained && !e.eof && e.pipe[1] == 0 {
+			if !drained && !e.eof && !e.urgent && e.pipe[1] == 0 {
 				c.p.poll.takePipe(e, src)
 			}
 		}
@@ -249,7 +309,7 @@ func (c *conn) copyLocked(side int, ended bool) (s stepped) {
 		}
 		if e.pipe[1] != 0 && !e.eof {
 			var more bool
-			more, s.err = c.splice(side, e, src, dst, &moved)
+			more, s.err = c.splice(side, e, src, dst, &moved, &s.wrote)
 			if s.err != nil || !more {
 				return s
 			}
@@ -334,11 +394,10 @@ func fdError(op string, c *conn, sock int, err error) error {
 // what is left (it stops at the pipe's slots, one per socket buffer
 // fragment), so, unlike a short read, it does not end the copy. The pipe
 // goes back to the poller once src is empty or ended.
-func (c *conn) splice(side int, e *evDir, src, dst int, moved *int) (more bool, err error) {
-	d := &c.dirs[side]
+func (c *conn) splice(side int, e *evDir, src, dst int, moved, wrote *int) (more bool, err error) {
 	for e.piped > 0 {
 		n, errno := spliceFD(e.pipe[0], dst, e.piped)
-		d.wrote(n)
+		*wrote += n
 		e.piped -= n
 		switch {
 		case errno == unix.EAGAIN:
@@ -349,6 +408,10 @@ func (c *conn) splice(side int, e *evDir, src, dst int, moved *int) (more bool, 
 	}
 	if *moved >= loopShare {
 		return true, nil // copyLocked stops there, and goes on after the others
+	}
+	if e.urgent { // on through the buffer, which reads past the mark
+		c.p.poll.putPipe(e)
+		return true, nil
 	}
 	n, errno := spliceFD(src, e.pipe[1], pipeSize)
 	switch {
@@ -435,7 +498,7 @@ func (p *poller) runAgain() {
 	work := p.again
 	p.again = nil
 	for _, w := range work {
-		w.c.step(w.side, false, true)
+		w.c.step(w.side, stepAgain)
 	}
 }
 

@@ -3,6 +3,7 @@ package localproxy_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -198,4 +200,73 @@ func rxQueue(t *testing.T, local, remote net.Addr) int {
 	}
 	t.Fatalf("no socket from %v to %v in /proc/net/tcp", local, remote)
 	return 0
+}
+
+// A client sends TCP urgent data (MSG_OOB) amid its bytes: a read stops
+// short at the urgent mark, with the rest queued and no edge to come. The
+// upstream gets every ordinary byte without the client sending more, as
+// with the copies on goroutines (the urgent byte is not inline: neither
+// path passes it on).
+func TestLoopPassesOnBytesAfterAnUrgentMark(t *testing.T) {
+	got := make(chan string, 1)
+	srv := newServer(t, func(c *net.TCPConn) {
+		b := make([]byte, 6)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _ := io.ReadFull(c, b)
+		got <- string(b[:n])
+	})
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+	// All of it is queued when the loop takes the connection.
+	defer r.OnLoopHandoff(func(func()) { time.Sleep(200 * time.Millisecond) })()
+	c := dial(t, r.addr()).(*net.TCPConn)
+	rc, err := c.SyscallConn()
+	require.NoError(t, err)
+	var serr error
+	require.NoError(t, rc.Control(func(fd uintptr) {
+		serr = errors.Join(
+			unix.Sendto(int(fd), []byte("abc"), 0, nil),
+			unix.Sendto(int(fd), []byte("U"), unix.MSG_OOB, nil),
+			unix.Sendto(int(fd), []byte("def"), 0, nil))
+	}))
+	require.NoError(t, serr)
+	assert.Equal(t, "abcdef", <-got, "what the upstream got")
+	assert.True(t, r.CopyEnds()[0].OnLoop, "the connection is not on the loop")
+}
+
+// A connection closed while it is handed to the loop (a registry event,
+// a drain) closes its client gently, as without the loop: the client
+// reads an EOF, not a reset, though it sent bytes the proxy did not read.
+func TestLoopClosesGentlyDuringTheHandoff(t *testing.T) {
+	srv := newServer(t, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+	restore := r.OnLoopHandoff(func(close func()) {
+		time.Sleep(100 * time.Millisecond) // the client's bytes arrive
+		close()
+	})
+	defer restore()
+	c := dial(t, r.addr())
+	_, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Read(make([]byte, 10))
+	assert.ErrorIs(t, err, io.EOF, "the client's read")
+}
+
+// A direction that copied more than one event's share (a 64 MiB answer)
+// is not taken for ended while its source stays open: that would cost a
+// read per event for the rest of the connection.
+func TestLoopHoldsOnlyAnEndedSourceForEnded(t *testing.T) {
+	const size = 64 << 20
+	srv := newServer(t, func(c *net.TCPConn) {
+		c.Write(make([]byte, size))
+		io.Copy(io.Discard, c) // open until the client closes
+	})
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+	c := dial(t, r.addr())
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, err := io.CopyN(io.Discard, c, size)
+	require.NoError(t, err)
+	assert.Equal(t, [][2]bool{{false, false}}, r.LoopEnds(), "ended (toUpstream, toClient)")
+	c.(*net.TCPConn).CloseWrite()
+	require.Eventually(t, func() bool { e := r.LoopEnds(); return len(e) == 0 || e[0][0] }, 10*time.Second, 10*time.Millisecond)
 }

@@ -1,0 +1,28 @@
+package localproxy
+
+// LoopEnds reports, for each connection on the loop, whether the loop
+// holds each direction's source (toUpstream, toClient) for ended.
+func (p *Proxy) LoopEnds() [][2]bool {
+	var out [][2]bool
+	for _, c := range p.snapshot() {
+		c.mu.Lock()
+		if c.ev != nil {
+			out = append(out, [2]bool{c.ev.dirs[toUpstream].hup, c.ev.dirs[toClient].hup})
+		}
+		c.mu.Unlock()
+	}
+	return out
+}
+
+// OnLoopHandoff runs f, with the connection's close, for each connection
+// of p between the duplication of its sockets and their hand-off to the
+// loop, until the returned function is called.
+func (p *Proxy) OnLoopHandoff(f func(close func())) (restore func()) {
+	h := func(c *conn) {
+		if c.p == p {
+			f(c.close)
+		}
+	}
+	loopHandoff.Store(&h)
+	return func() { loopHandoff.Store(nil) }
+}
