@@ -2,11 +2,14 @@ package main
 
 import "runtime"
 
-// defaultGOMAXPROCS is --gomaxprocs's default: Go's own choice. The
-// proxy's event loop blocks a thread in epoll_wait with its P; with one
-// P the loop waits through Go's network poller instead, which costs more
-// per message (localproxy/await_linux.go).
-const defaultGOMAXPROCS = 0
+// defaultGOMAXPROCS is --gomaxprocs's default: two Ps, what make bench
+// measures on its two cores. The proxy's event loop blocks a thread in
+// epoll_wait with one P, and the other runs the rest (accepts, dials,
+// probes, discovery); more Ps bring more threads and garbage-collection
+// workers to a node proxy, not more speed (the loop is one thread). With
+// one P the loop waits through Go's network poller instead, which costs
+// more per message (localproxy/await_linux.go).
+const defaultGOMAXPROCS = 2
 
 // setGOMAXPROCS is runtime.GOMAXPROCS; the tests, which run the proxy
 // inside their own process, record the request instead.

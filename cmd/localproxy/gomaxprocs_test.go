@@ -6,8 +6,8 @@ import (
 	main "github.com/apifailover/apifailover/cmd/localproxy"
 )
 
-// --gomaxprocs: 0 (the default) keeps Go's choice; a value applies unless
-// the GOMAXPROCS environment variable is set and the flag was not given.
+// --gomaxprocs: its default (2) applies unless the GOMAXPROCS environment
+// variable is set; given, it wins over the variable; 0 keeps Go's choice.
 func TestApplyGOMAXPROCS(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -16,10 +16,10 @@ func TestApplyGOMAXPROCS(t *testing.T) {
 		env  string
 		want int
 	}{
-		{"default: Go's choice", 0, false, "", 7},
-		{"unset, GOMAXPROCS set", 1, false, "3", 7},
-		{"flag", 2, true, "", 2},
-		{"flag over GOMAXPROCS", 2, true, "3", 2},
+		{"default", 2, false, "", 2},
+		{"default, GOMAXPROCS set", 2, false, "3", 7},
+		{"flag", 1, true, "", 1},
+		{"flag over GOMAXPROCS", 1, true, "3", 1},
 		{"zero: Go's choice", 0, true, "", 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
