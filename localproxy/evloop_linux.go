@@ -205,10 +205,13 @@ const (
 // released.
 type stepped struct {
 	// first: the direction's first read happened (n bytes, fl what they
-	// are, err the read's or the write's).
+	// are, ferr the read's error or the write's of those bytes, what the
+	// first-byte watch is told; fopen: that write is still to finish).
 	first bool
 	n     int
 	fl    flight
+	ferr  error
+	fopen bool
 	err   error // the read's or the write's: c is to be closed
 	ended bool  // the source's EOF was passed on: the direction is done
 	last  bool  // and so is the other: c is to finish
@@ -249,7 +252,7 @@ func (c *conn) step(side int, why stepWhy) {
 	c.mu.Unlock()
 	c.dirs[side].wrote(s.wrote)
 	if s.first {
-		c.first(side, s.n, s.fl, s.err)
+		c.first(side, s.n, s.fl, s.ferr)
 	}
 	switch {
 	case s.err != nil:
@@ -289,8 +292,12 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 				return s // on with it when dst is writable
 			case errno != 0:
 				s.err = fdError("write", c, 1-side, errno)
+				if s.fopen {
+					s.ferr = s.err
+				}
 				return s
 			}
+			s.fopen = false
 			drained := e.n < len(*e.bp)
 			copyBufs.Put(e.bp)
 			e.bp = nil
@@ -339,7 +346,7 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 			s.err = fdError("read", c, side, errno)
 			if !d.started {
 				d.started = true
-				s.first = true
+				s.first, s.ferr = true, s.err
 			}
 			return s
 		case n == 0:
@@ -353,7 +360,7 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 		}
 		if !d.started {
 			d.started = true
-			s.first, s.n = true, n
+			s.first, s.n, s.fopen = true, n, true
 			if side == toUpstream {
 				s.fl = firstFlight((*bp)[:n])
 			}
@@ -529,8 +536,8 @@ func (c *conn) closeLoop(ev *evConn, gently bool) {
 	unix.Close(ev.fds[1])
 }
 
-// sinceDataLocked is SinceData of a loop connection's upstream, and
-// idleLocked how long its client socket carried no data; under c.mu.
+// sinceDataLocked is SinceData of socket sock (0: the client's, 1: the
+// upstream's) of a loop connection, under c.mu; ok false once closed.
 func (c *conn) sinceDataLocked(sock int) (sent, recv time.Duration, ok bool) {
 	if c.closed {
 		return 0, 0, false

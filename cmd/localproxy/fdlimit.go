@@ -16,12 +16,14 @@ import (
 // until a garbage collection or two: fdsPipes), the health server's
 // connections (one each, at most localproxy.HealthMaxConnections; it
 // closes more at once) and fdsOther for listeners (a connection the
-// health server is turning away included), the poller of idle
-// connections, probes, discovery, the state file and the runtime.
+// health server is turning away included), the event loop (its epoll
+// instance, the empty pipes it keeps, and the two duplicates a
+// connection holds for a moment while it is handed to the loop, 16 in
+// all), probes, discovery, the state file and the runtime.
 const (
 	fdsPerConn = 2
 	fdsPipes   = 4 * localproxy.MaxSplices
-	fdsOther   = 96
+	fdsOther   = 112
 	fdsReserve = fdsPipes + localproxy.HealthMaxConnections + fdsOther
 )
 

@@ -21,14 +21,14 @@ func TestFileLimitError(t *testing.T) {
 	assert.NoError(t, main.FileLimitError(10000, unix.RLIM_INFINITY))
 	err := main.FileLimitError(10000, 1024)
 	require.Error(t, err)
-	for _, want := range []string{"--max-connections=10000", "20288 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 368"} {
+	for _, want := range []string{"--max-connections=10000", "20304 file descriptors", "RLIMIT_NOFILE) is 1024", "LimitNOFILE=", "at most 360"} {
 		assert.Contains(t, err.Error(), want)
 	}
-	assert.NoError(t, main.FileLimitError(368, 1024), "the suggested maximum fits")
-	assert.Error(t, main.FileLimitError(369, 1024))
-	assert.Equal(t, 368, main.MaxConnsFor(1024))
-	assert.Zero(t, main.MaxConnsFor(289), "the splice pipes, the health server's connections and the rest fill the limit")
-	assert.Equal(t, 1, main.MaxConnsFor(290))
+	assert.NoError(t, main.FileLimitError(360, 1024), "the suggested maximum fits")
+	assert.Error(t, main.FileLimitError(361, 1024))
+	assert.Equal(t, 360, main.MaxConnsFor(1024))
+	assert.Zero(t, main.MaxConnsFor(305), "the splice pipes, the health server's connections and the rest fill the limit")
+	assert.Equal(t, 1, main.MaxConnsFor(306))
 }
 
 // The default --max-connections is lowered to what the file limit holds;
