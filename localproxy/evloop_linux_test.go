@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -269,4 +270,38 @@ func TestLoopHoldsOnlyAnEndedSourceForEnded(t *testing.T) {
 	assert.Equal(t, [][2]bool{{false, false}}, r.LoopEnds(), "ended (toUpstream, toClient)")
 	c.(*net.TCPConn).CloseWrite()
 	require.Eventually(t, func() bool { e := r.LoopEnds(); return len(e) == 0 || e[0][0] }, 10*time.Second, 10*time.Millisecond)
+}
+
+// With one P the loop waits through Go's network poller instead of
+// blocking a thread in epoll_wait (--gomaxprocs=1): connections copy, in
+// both directions, to their EOFs, as with more.
+func TestLoopWithOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r := start(t, localproxy.Config{Endpoints: []string{newEcho(t).addr()}})
+	const conns, size = 20, 1 << 20
+	errs := make(chan error, conns)
+	for range conns {
+		go func() {
+			c, err := net.DialTimeout("tcp", r.addr(), 10*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			go func() {
+				c.Write(make([]byte, size))
+				c.(*net.TCPConn).CloseWrite()
+			}()
+			n, err := io.Copy(io.Discard, c)
+			if err == nil && n != size {
+				err = fmt.Errorf("echoed %d of %d bytes", n, size)
+			}
+			errs <- err
+		}()
+	}
+	for range conns {
+		assert.NoError(t, <-errs)
+	}
+	assert.Equal(t, "poller", r.LoopMode(), "how the loop waits")
 }

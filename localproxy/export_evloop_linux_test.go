@@ -26,3 +26,12 @@ func (p *Proxy) OnLoopHandoff(f func(close func())) (restore func()) {
 	loopHandoff.Store(&h)
 	return func() { loopHandoff.Store(nil) }
 }
+
+// LoopMode is how p's loop waits for its sockets: "epoll_wait" (blocking
+// a thread) or "poller" (Go's network poller, with one P).
+func (p *Proxy) LoopMode() string {
+	if poll := p.parker(); poll != nil && !poll.blocking {
+		return "poller"
+	}
+	return "epoll_wait"
+}
