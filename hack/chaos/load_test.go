@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -168,4 +169,25 @@ func TestSuccessMisses(t *testing.T) {
 	if misses, _ := successMisses(map[string]float64{pathLocalProxy: minSuccess}, 10*time.Minute); len(misses) != 0 {
 		t.Errorf("a path at the target is not a miss: %q", misses)
 	}
+}
+
+// The apiservers may give a generated name again once its object is
+// deleted: another worker's object under the name of one a worker
+// deleted is that worker's, not the deleted one back.
+func TestCheckWorkersNameGivenAgain(t *testing.T) {
+	obj := func(worker, op string) corev1.ConfigMap {
+		return corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "w-abcde", Labels: map[string]string{workerLabel: worker, workload.OpLabel: op}},
+			Data:       map[string]string{"op": op, "state": "updated"},
+		}
+	}
+	set := func() *workerSet {
+		a := &worker{id: "a", path: pathTransport, ns: "ns", st: workerStats{objects: map[string]*known{"w-abcde": {op: "a-1", state: objDeleted}}}}
+		b := &worker{id: "b", path: pathTransport, ns: "ns", st: workerStats{objects: map[string]*known{"w-abcde": {op: "b-7", state: objKept, updated: true}}}}
+		return &workerSet{workers: []*worker{a, b}}
+	}
+	_, v := checkWorkers(set(), []corev1.ConfigMap{obj("b", "b-7")})
+	assert.Empty(t, v, "b's object under the name a's deleted one had")
+	_, v = checkWorkers(set(), []corev1.ConfigMap{obj("a", "a-1")})
+	assert.Contains(t, strings.Join(v, "\n"), "after their delete", "a's deleted object back")
 }

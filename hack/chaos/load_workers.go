@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -362,6 +363,8 @@ type WorkerReport struct {
 	LostUpdates int `json:"lost_updates"`
 	// Resurrected: objects whose delete was acknowledged, still there.
 	Resurrected int `json:"resurrected"`
+	// ResurrectedObjects names them: namespace/name (operation).
+	ResurrectedObjects []string `json:"resurrected_objects,omitempty"`
 	// Duplicates: objects of an acknowledged create's operation id other
 	// than the one the create returned (the create was made twice).
 	Duplicates int `json:"duplicates"`
@@ -431,8 +434,11 @@ func checkWorkers(ws *workerSet, items []corev1.ConfigMap) (WorkerReport, []stri
 				}
 			case objDeleted:
 				rep.Deleted++
-				if exists {
+				// The apiservers may give a generated name again once
+				// its object is gone: only this create's object counts.
+				if exists && cm.Labels[workload.OpLabel] == k.op {
 					rep.Resurrected++
+					rep.ResurrectedObjects = append(rep.ResurrectedObjects, fmt.Sprintf("%s (%s)", key, k.op))
 				}
 			}
 		}
@@ -454,7 +460,9 @@ func checkWorkers(ws *workerSet, items []corev1.ConfigMap) (WorkerReport, []stri
 	add(rep.DeleteMissing, "workers: %d deletes of an acknowledged object answered 404")
 	add(rep.AckedMissing, "workers: %d acknowledged creates (kept) missing from the apiservers")
 	add(rep.LostUpdates, "workers: %d acknowledged updates lost")
-	add(rep.Resurrected, "workers: %d objects still there after their delete was acknowledged")
+	if rep.Resurrected > 0 {
+		v = append(v, fmt.Sprintf("workers: %d objects still there after their delete was acknowledged: %s", rep.Resurrected, strings.Join(rep.ResurrectedObjects, ", ")))
+	}
 	add(rep.Duplicates, "workers: %d objects made twice by one logical create")
 	add(rep.Unexplained, "workers: %d objects no worker's create accounts for")
 	add(rep.Conflicts, "workers: %d updates of a worker's own object answered 409 (nobody else writes it)")
