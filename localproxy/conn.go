@@ -189,18 +189,25 @@ func (c *conn) finish() {
 
 // SinceData tells how long ago the upstream connection last sent and
 // received data (endpoint.Registry.Busy).
-func (c *conn) SinceData() (sent, recv time.Duration, ok bool) {
+func (c *conn) SinceData() (sent, recv time.Duration, ok bool) { return c.sinceData(1) }
+
+// sinceData is endpoint.SinceData of c's client socket (sock 0) or its
+// upstream's (1), through the loop's descriptor once c is on the loop.
+func (c *conn) sinceData(sock int) (sent, recv time.Duration, ok bool) {
 	c.mu.Lock()
 	if c.ev != nil {
 		defer c.mu.Unlock()
-		return c.sinceDataLocked(1)
+		return c.sinceDataLocked(sock)
 	}
-	up := c.upRaw
+	nc := c.client
+	if sock == 1 {
+		nc = c.upRaw
+	}
 	c.mu.Unlock()
-	if up == nil {
+	if nc == nil {
 		return 0, 0, false
 	}
-	return endpoint.SinceData(up)
+	return endpoint.SinceData(nc)
 }
 
 // isClosed reports whether the proxy closed c.

@@ -3,11 +3,8 @@ package localproxy
 import (
 	"context"
 	"math/rand/v2"
-	"net"
 	"runtime"
 	"time"
-
-	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // reapIdle closes connections that carried no data for IdleTimeout,
@@ -37,23 +34,10 @@ func (p *Proxy) reapIdle(ctx context.Context) {
 }
 
 // idle returns how long c's client socket has neither sent nor received
-// data (idleFor).
+// data, from the kernel (endpoint.SinceData); ok is false when that
+// cannot be read.
 func (c *conn) idle() (time.Duration, bool) {
-	c.mu.Lock()
-	if c.ev != nil {
-		defer c.mu.Unlock()
-		sent, recv, ok := c.sinceDataLocked(0)
-		return min(sent, recv), ok
-	}
-	c.mu.Unlock()
-	return idleFor(c.client)
-}
-
-// idleFor returns how long the socket has neither sent nor received data,
-// from the kernel (endpoint.SinceData); ok is false when that cannot be
-// read.
-func idleFor(nc net.Conn) (d time.Duration, ok bool) {
-	sent, recv, ok := endpoint.SinceData(nc)
+	sent, recv, ok := c.sinceData(0)
 	return min(sent, recv), ok
 }
 
