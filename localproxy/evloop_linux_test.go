@@ -2,7 +2,6 @@ package localproxy_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -144,11 +143,17 @@ func fillThenEnd(t *testing.T, w *net.TCPConn, local, remote net.Addr) int {
 			t.Errorf("writing: %v", err)
 			return sent
 		}
-		if q := rxQueue(t, local, remote); q > 0 {
+		q, ok, err := rxQueue(local, remote)
+		if ok && q > 0 {
 			time.Sleep(20 * time.Millisecond)
-			if rxQueue(t, local, remote) == q {
+			var again int
+			if again, ok, err = rxQueue(local, remote); ok && again == q {
 				break // not read for 20ms: waiting for the other side
 			}
+		}
+		if err != nil { // on the server's goroutine: no FailNow
+			t.Errorf("the proxy's receive queue: %v", err)
+			break
 		}
 	}
 	time.Sleep(20 * time.Millisecond)
@@ -180,27 +185,33 @@ func smallRcvBuf(_, _ string, rc syscall.RawConn) error {
 }
 
 // rxQueue is how many bytes wait in the receive queue of this process's
-// TCP socket from local to remote, both IPv4 (/proc/net/tcp).
-func rxQueue(t *testing.T, local, remote net.Addr) int {
+// TCP socket from local to remote, both IPv4 (/proc/net/tcp, its
+// addresses read as the proxy's hand-over reads them). ok is false when
+// the table had no such line: a read of it can miss lines that move
+// meanwhile.
+func rxQueue(local, remote net.Addr) (q int, ok bool, err error) {
 	b, err := os.ReadFile("/proc/net/tcp")
-	require.NoError(t, err)
-	hex := func(a net.Addr) string {
-		ta := a.(*net.TCPAddr)
-		return fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(ta.IP.To4()), ta.Port)
+	if err != nil {
+		return 0, false, err
 	}
-	l, r := hex(local), hex(remote)
+	is := func(field string, a net.Addr) bool {
+		ip, port, err := localproxy.ParseProcAddr(field)
+		ta := a.(*net.TCPAddr)
+		return err == nil && port == ta.Port && ip.Equal(ta.IP)
+	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 5 || f[1] != l || f[2] != r {
+		if len(f) < 5 || !is(f[1], local) || !is(f[2], remote) {
 			continue
 		}
 		_, rx, _ := strings.Cut(f[4], ":")
-		q, err := strconv.ParseInt(rx, 16, 64)
-		require.NoError(t, err, "/proc/net/tcp: %q", line)
-		return int(q)
+		n, err := strconv.ParseInt(rx, 16, 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("/proc/net/tcp: %q: %w", line, err)
+		}
+		return int(n), true, nil
 	}
-	t.Fatalf("no socket from %v to %v in /proc/net/tcp", local, remote)
-	return 0
+	return 0, false, nil
 }
 
 // A client sends TCP urgent data (MSG_OOB) amid its bytes: a read stops

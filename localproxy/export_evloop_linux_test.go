@@ -35,3 +35,6 @@ func (p *Proxy) LoopMode() string {
 	}
 	return "epoll_wait"
 }
+
+// ParseProcAddr is parseProcAddr: an address of /proc/net/tcp.
+var ParseProcAddr = parseProcAddr
