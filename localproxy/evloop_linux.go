@@ -488,14 +488,22 @@ func (p *poller) takePipe(e *evDir, src int) {
 	e.pipe = fds
 }
 
-// putPipe takes back e's empty pipe, keeping a few for the next bulk.
+// putPipe takes back e's empty pipe, keeping a few for the next bulk;
+// the poller's goroutine only.
 func (p *poller) putPipe(e *evDir) {
-	if len(p.pipes) < idlePipes {
-		p.pipes = append(p.pipes, e.pipe)
-	} else {
-		unix.Close(e.pipe[0])
-		unix.Close(e.pipe[1])
+	if len(p.pipes) >= idlePipes {
+		p.dropPipe(e)
+		return
 	}
+	p.pipes = append(p.pipes, e.pipe)
+	e.pipe, e.piped = [2]int{}, 0
+	p.splicing.Add(-1)
+}
+
+// dropPipe closes e's pipe, with what it holds.
+func (p *poller) dropPipe(e *evDir) {
+	unix.Close(e.pipe[0])
+	unix.Close(e.pipe[1])
 	e.pipe, e.piped = [2]int{}, 0
 	p.splicing.Add(-1)
 }
@@ -526,10 +534,7 @@ func (c *conn) closeLoop(ev *evConn, gently bool) {
 			e.bp = nil
 		}
 		if e.pipe[1] != 0 { // what it holds is lost with the connection
-			unix.Close(e.pipe[0])
-			unix.Close(e.pipe[1])
-			e.pipe = [2]int{}
-			c.p.poll.splicing.Add(-1)
+			c.p.poll.dropPipe(e)
 		}
 	}
 	c.p.closeClient(sockFD(ev.fds[0]), gently)
