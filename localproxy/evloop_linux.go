@@ -439,11 +439,15 @@ func (c *conn) splice(side int, e *evDir, src, dst int, moved, wrote *int) (more
 }
 
 // spliceMax is how much one splice moves at most, and the capacity the
-// loop's pipes ask for (F_SETPIPE_SZ; the default maximum,
-// /proc/sys/fs/pipe-max-size, as Go's own splice): a pipe's default
-// 64 KiB took four times the system calls per GiB. A pipe that holds
-// nothing holds no pages.
-const spliceMax = 1 << 20
+// loop's pipes ask for (F_SETPIPE_SZ). In make bench (2 cores) the proxy
+// spent 0.26s of CPU per GiB with a pipe's default 64 KiB, 0.18-0.19s
+// with 256 KiB and 0.15-0.17s with 1 MiB (Go's own splice size); but
+// with 1 MiB, the kernel's receive-buffer autotuning, fed by the larger
+// reads, let a sender queue up to 40 MiB in front of a paused reader
+// (TestLargeTransferPausedReader allows 25; 4 of 40 runs went over 25),
+// and 8-16 MiB with 256 KiB in 80 runs, as on goroutines. A pipe that
+// holds nothing holds no pages.
+const spliceMax = 256 << 10
 
 // spliceFD is splice(2) of up to n bytes from in to out, non-blocking, as
 // a raw system call, retried on EINTR.
