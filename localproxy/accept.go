@@ -57,6 +57,7 @@ func (p *Proxy) stuckAccepting(now time.Time) error {
 func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
 	defer p.accepting.Add(-1)
 	defer p.acceptFailing.Delete(ln)
+	tuned := p.tunedListeners[ln]
 	var delay time.Duration
 	var timer *time.Timer
 	defer func() {
@@ -105,13 +106,17 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			nc.Close()
 			continue
 		}
-		c := &conn{p: p, client: nc}
+		c := &conn{p: p, client: nc, tuned: tuned}
 		p.active.Add(1)
 		p.m.active.Inc()
 		p.mu.Lock()
 		p.conns[c] = struct{}{}
 		p.mu.Unlock()
-		handlers.Go(func() { p.serve(connCtx, c) })
+		handlers.Add(1)
+		p.workers.Go(func() {
+			defer handlers.Done()
+			p.serve(connCtx, c)
+		})
 	}
 }
 

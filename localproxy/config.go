@@ -264,6 +264,9 @@ type Config struct {
 	health healthLimits
 	// clientCloseGrace, if set, replaces the package's (tests).
 	clientCloseGrace time.Duration
+	// ownListen: Listen is listenReusePort, whose listeners Go's accept
+	// leaves keepalive alone on (see endpoint.TuneTCPListener).
+	ownListen bool
 	// trimBurst and trimQuiet, if set, replace the package's (tests).
 	trimBurst int
 	trimQuiet time.Duration
@@ -309,6 +312,7 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Listen == nil {
 		c.Listen = listenReusePort
+		c.ownListen = true
 	}
 	c.HandoverTimeout = endpoint.OrDefault(c.HandoverTimeout, DefaultHandoverTimeout)
 	if c.Pool.Logger.GetSink() == nil {

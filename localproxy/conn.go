@@ -18,6 +18,9 @@ import (
 type conn struct {
 	p      *Proxy
 	client net.Conn
+	// tuned: client has the socket options tuneClient sets, from its
+	// listener.
+	tuned bool
 	// Set once dialed, before the conn is registered per upstream.
 	addr string
 	up   *endpoint.TrackedConn
@@ -68,7 +71,9 @@ func (c *conn) attach(addr string, tc *endpoint.TrackedConn) bool {
 // serve dials an upstream for c and starts the copies in both directions
 // (pipe); the connection finishes when both are done.
 func (p *Proxy) serve(ctx context.Context, c *conn) {
-	tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.log)
+	if !c.tuned {
+		tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.log)
+	}
 	if !p.connect(ctx, c) {
 		c.close()
 		p.forget(c)

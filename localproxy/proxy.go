@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/apifailover/apifailover/internal/workers"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,12 @@ type Proxy struct {
 	// be read while SetZone may run.
 	probeSchedule upstream.Config
 	dialer        *endpoint.Dialer
+	// tunedListeners are the listeners whose accepted sockets come with
+	// the client connections' socket options (see bind); set before the
+	// accept loops start.
+	tunedListeners map[net.Listener]bool
+	// workers run the connections' setup (serve) and the dialer's attempts.
+	workers workers.Pool
 	// hold closes new clients at once, without dialing, for a moment after
 	// every endpoint refused.
 	hold endpoint.Holdoff
@@ -146,6 +153,7 @@ func New(cfg Config) (*Proxy, error) {
 		Timeout:        cfg.DialTimeout,
 		KeepAlive:      cfg.UpstreamKeepAlive,
 		UserTimeout:    cfg.UpstreamUserTimeout,
+		Go:             p.workers.Go,
 		OnDial:         p.m.observeDial,
 		Logger:         cfg.Logger,
 	}
@@ -269,6 +277,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	cancel()
 	bg.Wait()
 	p.Prober().Close() // the pool's Run has returned
+	p.workers.Close()
 	p.log.Info("proxy stopped")
 	return nil
 }
@@ -295,6 +304,20 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 		if hln, err = listenReusePort(ctx, "tcp", p.cfg.HealthAddress); err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("localproxy: health server: %w", err)
+		}
+	}
+	if p.cfg.ownListen {
+		// The kernel gives accepted sockets the listener's keepalive and
+		// TCP_USER_TIMEOUT: tuneClient is then not needed.
+		p.tunedListeners = map[net.Listener]bool{}
+		for _, ln := range lns {
+			if err := endpoint.TuneTCPListener(ln, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
+				if !errors.Is(err, errors.ErrUnsupported) {
+					p.log.V(2).Info("tuning a listener failed; its connections are tuned one by one", "addr", ln.Addr().String(), "err", err.Error())
+				}
+				continue
+			}
+			p.tunedListeners[ln] = true
 		}
 	}
 	p.mu.Lock()

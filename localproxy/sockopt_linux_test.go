@@ -3,6 +3,7 @@
 package localproxy_test
 
 import (
+	"context"
 	"net"
 	"syscall"
 	"testing"
@@ -66,6 +67,15 @@ func readTCPOptsFD(fd int) (tcpOpts, error) {
 	return o, gerr
 }
 
+// plainListen is a Config.Listen with Go's defaults (keepalive on every
+// accepted connection), but plain TCP, not Multipath TCP: the proxy's
+// listeners are plain TCP.
+func plainListen(ctx context.Context, network, address string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(ctx, network, address)
+}
+
 // TestSocketOptionsBothSides reads keepalive and TCP_USER_TIMEOUT back from
 // the accepted client socket and the upstream socket of a proxied
 // connection.
@@ -86,6 +96,14 @@ func TestSocketOptionsBothSides(t *testing.T) {
 		// Go's accept turns keepalive on with 15s by itself: the client
 		// side must be retuned to the proxy's defaults.
 		name:     "defaults",
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+	}, {
+		// The proxy's own listeners hand their options to the sockets
+		// they accept; on a listener of the caller's, Go's accept sets
+		// keepalive (15s) itself, so each connection is tuned after it.
+		name:     "caller's listener",
+		cfg:      localproxy.Config{Listen: plainListen},
 		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
 		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
 	}, {

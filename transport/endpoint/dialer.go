@@ -60,6 +60,9 @@ type Dialer struct {
 	// UserTimeout is TCP_USER_TIMEOUT (Linux). If zero, DefaultUserTimeout
 	// (10s). If negative, the system default.
 	UserTimeout time.Duration
+	// Go, if set, starts each attempt's goroutine (see workers.Pool.Go);
+	// if nil, a go statement does.
+	Go func(func())
 	// OnDial, if set, is called after every attempt with its endpoint,
 	// duration and error (nil on success, context.Canceled for a loser).
 	OnDial func(addr string, d time.Duration, err error)
@@ -136,7 +139,12 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	results := make(chan dialResult, len(candidates))
 	next, inflight := 0, 0
 	start := func() {
-		go d.attempt(ctx, candidates[next], results)
+		addr := candidates[next]
+		if d.Go != nil {
+			d.Go(func() { d.attempt(ctx, addr, results) })
+		} else {
+			go d.attempt(ctx, addr, results)
+		}
 		next++
 		inflight++
 	}

@@ -3,6 +3,8 @@
 package endpoint
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"syscall"
 	"time"
@@ -54,4 +56,48 @@ func SinceDataFD(fd int) (sent, recv time.Duration, ok bool) {
 		return 0, 0, false
 	}
 	return time.Duration(info.Last_data_sent) * time.Millisecond, time.Duration(info.Last_data_recv) * time.Millisecond, true
+}
+
+// TuneTCPListener sets on a listening TCP socket what TuneTCP sets on a
+// connection (keepalive with keepAlive's idle time and interval and 3
+// probes, or off; TCP_USER_TIMEOUT if userTimeout > 0). Linux copies them
+// into every socket accept returns from it, so that those need no system
+// call of their own: five fewer per connection. That holds only where Go's
+// accept leaves keepalive alone (net.ListenConfig.KeepAlive < 0); other
+// listeners' connections are tuned with TuneTCP.
+func TuneTCPListener(ln net.Listener, keepAlive, userTimeout time.Duration) error {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	set := func(fd, level, opt, v int, name string) {
+		if serr == nil {
+			if err := unix.SetsockoptInt(fd, level, opt, v); err != nil {
+				serr = fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	if err := rc.Control(func(fd uintptr) {
+		if keepAlive > 0 {
+			// Whole seconds, rounded up as Go's SetKeepAliveConfig does.
+			secs := int((keepAlive + time.Second - 1) / time.Second)
+			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE")
+			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE")
+			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
+			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 3, "TCP_KEEPCNT")
+		} else {
+			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0, "SO_KEEPALIVE")
+		}
+		if userTimeout > 0 {
+			set(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(userTimeout.Milliseconds()), "TCP_USER_TIMEOUT")
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
 }

@@ -3,6 +3,7 @@
 package endpoint
 
 import (
+	"errors"
 	"net"
 	"syscall"
 	"time"
@@ -13,3 +14,7 @@ func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 
 // SinceData cannot tell here: ok is always false.
 func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, false }
+
+// TuneTCPListener is not done here: accepted sockets are tuned with
+// TuneTCP.
+func TuneTCPListener(net.Listener, time.Duration, time.Duration) error { return errors.ErrUnsupported }
