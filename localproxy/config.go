@@ -264,8 +264,8 @@ type Config struct {
 	health healthLimits
 	// clientCloseGrace, if set, replaces the package's (tests).
 	clientCloseGrace time.Duration
-	// ownListen: Listen is listenReusePort, whose listeners Go's accept
-	// leaves keepalive alone on (see endpoint.TuneTCPListener).
+	// ownListen: Listen was nil, and the proxy makes its listeners
+	// (listenTuned), with the client connections' socket options.
 	ownListen bool
 	// trimBurst and trimQuiet, if set, replace the package's (tests).
 	trimBurst int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 )
 
@@ -35,17 +36,33 @@ const (
 // kernel has it): the kernel's reuseport steering and TCP_INFO work on
 // TCP sockets only, and a loopback listener gains nothing from MPTCP.
 func listenReusePort(ctx context.Context, network, address string) (net.Listener, error) {
-	// KeepAlive -1: tuneClient sets keepalive on each accepted connection
-	// as configured; Go's default would set it first, four more system
-	// calls per connection.
-	lc := net.ListenConfig{Control: reusePortControl, KeepAlive: -1}
+	ln, _, err := listenTuned(ctx, network, address, nil)
+	return ln, err
+}
+
+// listenTuned is listenReusePort that also runs tune, if not nil, on the
+// socket before it binds: options set then are in every socket accepted
+// from it (endpoint.TuneTCPListener), none of which can have completed its
+// handshake earlier. tuned tells whether tune succeeded; its failure
+// leaves the listener as listenReusePort makes it.
+func listenTuned(ctx context.Context, network, address string, tune func(syscall.RawConn) error) (ln net.Listener, tuned bool, err error) {
+	// KeepAlive -1: Go's accept would set keepalive (15s) on each
+	// connection, four system calls more than the client connections'
+	// own settings, which come from tune or tuneClient.
+	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
+		if err := reusePortControl(network, address, c); err != nil {
+			return err
+		}
+		tuned = tune != nil && tune(c) == nil
+		return nil
+	}}
 	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(ctx, network, address)
+	ln, err = lc.Listen(ctx, network, address)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	clearSteering(ln)
-	return ln, nil
+	return ln, tuned, nil
 }
 
 // handOver runs when Run's context is done, before the listeners close.

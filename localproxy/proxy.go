@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -290,8 +291,28 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 			ln.Close()
 		}
 	}
+	if p.cfg.ownListen {
+		p.tunedListeners = map[net.Listener]bool{}
+	}
 	for _, a := range p.cfg.ListenAddresses {
-		ln, err := p.cfg.Listen(ctx, "tcp", a)
+		var ln net.Listener
+		var err error
+		if p.cfg.ownListen {
+			// The kernel gives accepted sockets the listener's keepalive
+			// and TCP_USER_TIMEOUT: tuneClient is then not needed.
+			var tuned bool
+			ln, tuned, err = listenTuned(ctx, "tcp", a, func(rc syscall.RawConn) error {
+				return endpoint.TuneTCPListener(rc, p.cfg.KeepAlive, p.cfg.UserTimeout)
+			})
+			if err == nil && !tuned {
+				p.log.V(2).Info("the listener does not carry the client connections' socket options; each connection is tuned", "addr", ln.Addr().String())
+			}
+			if tuned {
+				p.tunedListeners[ln] = true
+			}
+		} else {
+			ln, err = p.cfg.Listen(ctx, "tcp", a)
+		}
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("localproxy: listen: %w", err)
@@ -304,20 +325,6 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 		if hln, err = listenReusePort(ctx, "tcp", p.cfg.HealthAddress); err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("localproxy: health server: %w", err)
-		}
-	}
-	if p.cfg.ownListen {
-		// The kernel gives accepted sockets the listener's keepalive and
-		// TCP_USER_TIMEOUT: tuneClient is then not needed.
-		p.tunedListeners = map[net.Listener]bool{}
-		for _, ln := range lns {
-			if err := endpoint.TuneTCPListener(ln, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
-				if !errors.Is(err, errors.ErrUnsupported) {
-					p.log.V(2).Info("tuning a listener failed; its connections are tuned one by one", "addr", ln.Addr().String(), "err", err.Error())
-				}
-				continue
-			}
-			p.tunedListeners[ln] = true
 		}
 	}
 	p.mu.Lock()

@@ -3,7 +3,6 @@
 package endpoint
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"syscall"
@@ -58,22 +57,15 @@ func SinceDataFD(fd int) (sent, recv time.Duration, ok bool) {
 	return time.Duration(info.Last_data_sent) * time.Millisecond, time.Duration(info.Last_data_recv) * time.Millisecond, true
 }
 
-// TuneTCPListener sets on a listening TCP socket what TuneTCP sets on a
-// connection (keepalive with keepAlive's idle time and interval and 3
-// probes, or off; TCP_USER_TIMEOUT if userTimeout > 0). Linux copies them
-// into every socket accept returns from it, so that those need no system
-// call of their own: five fewer per connection. That holds only where Go's
-// accept leaves keepalive alone (net.ListenConfig.KeepAlive < 0); other
-// listeners' connections are tuned with TuneTCP.
-func TuneTCPListener(ln net.Listener, keepAlive, userTimeout time.Duration) error {
-	sc, ok := ln.(syscall.Conn)
-	if !ok {
-		return errors.ErrUnsupported
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return err
-	}
+// TuneTCPListener sets on a TCP socket about to listen what TuneTCP sets
+// on a connection (keepalive with keepAlive's idle time and interval and 3
+// probes, or off; TCP_USER_TIMEOUT if userTimeout > 0), for
+// net.ListenConfig.Control: Linux copies them into every socket accepted
+// from it, which then needs no system call of its own (five per
+// connection). Set later, on a listening socket, they would miss the
+// connections already in its accept queue. That holds only where Go's
+// accept leaves keepalive alone (net.ListenConfig.KeepAlive < 0).
+func TuneTCPListener(rc syscall.RawConn, keepAlive, userTimeout time.Duration) error {
 	var serr error
 	set := func(fd, level, opt, v int, name string) {
 		if serr == nil {

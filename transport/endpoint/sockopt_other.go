@@ -17,4 +17,6 @@ func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, fals
 
 // TuneTCPListener is not done here: accepted sockets are tuned with
 // TuneTCP.
-func TuneTCPListener(net.Listener, time.Duration, time.Duration) error { return errors.ErrUnsupported }
+func TuneTCPListener(syscall.RawConn, time.Duration, time.Duration) error {
+	return errors.ErrUnsupported
+}
