@@ -79,3 +79,7 @@ func SetTrim(c *Config, burst int, quiet time.Duration) { c.trimBurst, c.trimQui
 
 // Trims returns how many times p returned memory after a burst.
 func (p *Proxy) Trims() int64 { return p.trims.Load() }
+
+// TrimIdleWorkers is how many workers waited for a connection to set up
+// at the last trim.
+func (p *Proxy) TrimIdleWorkers() int64 { return p.trimIdle.Load() }

@@ -69,11 +69,11 @@ type Proxy struct {
 	// splicing counts the copies splicing now (MaxSplices).
 	splicing atomic.Int32
 	// sinceTrim counts connections accepted since the last trim (see
-	// trim.go); trims the trims; trimTimer, guarded by trimMu, fires the
-	// next one.
-	sinceTrim, trims atomic.Int64
-	trimMu           sync.Mutex
-	trimTimer        *time.Timer
+	// trim.go); trims the trims; trimIdle the idle workers at the last;
+	// trimTimer, guarded by trimMu, fires the next one.
+	sinceTrim, trims, trimIdle atomic.Int64
+	trimMu                     sync.Mutex
+	trimTimer                  *time.Timer
 	// bytesIn and bytesOut count the bytes copied each way.
 	bytesIn, bytesOut prometheus.Counter
 
@@ -147,6 +147,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.failbackOn() {
 		p.back = newFailback(pool, p.upstreams, cfg.FailbackSettle, cfg.FailbackRate, p.m.failedBack, cfg.Logger.WithName("failback"))
 	}
+	p.workers.Linger = p.workerLinger()
 	p.dialer = &endpoint.Dialer{
 		Pool:           pool,
 		StaggerDelay:   cfg.StaggerDelay,

@@ -49,12 +49,24 @@ func (p *Proxy) trimBurst() int64 {
 }
 
 // trim collects garbage and returns the freed memory to the system.
+// The workers that set the burst's connections up have exited by then
+// (see workerLinger), so their stacks are freed with it.
 func (p *Proxy) trim() {
 	n := p.sinceTrim.Swap(0)
+	idle := p.workers.Idle()
+	p.trimIdle.Store(int64(idle))
 	began := time.Now()
 	debug.FreeOSMemory()
 	p.trims.Add(1)
-	p.log.V(4).Info("returned memory to the system after a burst of connections", "accepted", n, "took", time.Since(began))
+	p.log.V(4).Info("returned memory to the system after a burst of connections", "accepted", n, "idleWorkers", idle, "took", time.Since(began))
+}
+
+// workerLinger is how long a worker that set a connection up waits for
+// the next before it exits: a quarter of the trim's quiet time, so that
+// a burst's workers are gone when the trim after it runs, and long
+// enough for a steady stream of new connections to reuse them.
+func (p *Proxy) workerLinger() time.Duration {
+	return endpoint.OrDefault(p.cfg.trimQuiet, trimQuiet) / 4
 }
 
 // stopTrim stops a pending trim, as Run returns.

@@ -41,6 +41,9 @@ func TestTrimAfterBurst(t *testing.T) {
 		require.Zero(t, r.Trims(), "trimmed while connections kept coming")
 	}
 	require.Eventually(t, func() bool { return r.Trims() == 1 }, 10*time.Second, 10*time.Millisecond)
+	// The workers that set them up are gone, and their stacks with the
+	// trim's collection.
+	require.Zero(t, r.TrimIdleWorkers(), "workers still waiting at the trim")
 	for i, c := range cs {
 		require.NoError(t, roundTrip(c, fmt.Sprint("after the trim ", i)))
 	}
