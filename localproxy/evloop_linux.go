@@ -148,6 +148,10 @@ func (c *conn) toLoop() bool {
 // sockets and handing them to the loop.
 var loopHandoff atomic.Pointer[func(*conn)]
 
+// loopAgain, if set (tests), sees each again list runAgain takes on, on
+// the poller's goroutine.
+var loopAgain atomic.Pointer[func([]loopWork)]
+
 // dupFD duplicates tc's descriptor (close-on-exec, non-blocking as the
 // original: the flag belongs to the shared file description).
 func dupFD(tc *net.TCPConn) (int, error) {
@@ -522,6 +526,9 @@ func (p *poller) runAgain() {
 	}
 	work := p.again
 	p.again = nil
+	if f := loopAgain.Load(); f != nil {
+		(*f)(work)
+	}
 	for _, w := range work {
 		w.c.step(w.side, stepAgain)
 	}

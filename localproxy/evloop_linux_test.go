@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -315,4 +316,45 @@ func TestLoopWithOneP(t *testing.T) {
 		assert.NoError(t, <-errs)
 	}
 	assert.Equal(t, "poller", r.LoopMode(), "how the loop waits")
+}
+
+// A direction that copied its share goes on after the others, and is on
+// that list once however many edges step it meanwhile: each entry would
+// copy another share ahead of the other connections.
+func TestLoopQueuesADirectionOnce(t *testing.T) {
+	r := start(t, localproxy.Config{Endpoints: []string{newEcho(t).addr()}})
+	var lists, entries, repeated atomic.Int64
+	defer r.OnLoopAgain(func(n, rep int) {
+		lists.Add(1)
+		entries.Add(int64(n))
+		repeated.Add(int64(rep))
+	})()
+	const conns, size = 4, 64 << 20
+	errs := make(chan error, conns)
+	for range conns {
+		go func() {
+			c, err := net.DialTimeout("tcp", r.addr(), 10*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			go func() {
+				c.Write(make([]byte, size))
+				c.(*net.TCPConn).CloseWrite()
+			}()
+			n, err := io.Copy(io.Discard, c)
+			if err == nil && n != size {
+				err = fmt.Errorf("echoed %d of %d bytes", n, size)
+			}
+			errs <- err
+		}()
+	}
+	for range conns {
+		require.NoError(t, <-errs)
+	}
+	t.Logf("%d lists, %d entries, %d repeated", lists.Load(), entries.Load(), repeated.Load())
+	require.NotZero(t, lists.Load(), "no direction copied its share: the test did not reach the list")
+	assert.Zero(t, repeated.Load(), "a direction was on the list more than once")
 }

@@ -38,3 +38,29 @@ func (p *Proxy) LoopMode() string {
 
 // ParseProcAddr is parseProcAddr: an address of /proc/net/tcp.
 var ParseProcAddr = parseProcAddr
+
+// OnLoopAgain calls f, on the poller's goroutine, with the length of each
+// list of p's directions that copied their share and go on after the
+// others, and how many entries of it name a direction named before in
+// it, until the returned function is called.
+func (p *Proxy) OnLoopAgain(f func(n, repeated int)) (restore func()) {
+	h := func(work []loopWork) {
+		seen := map[loopWork]bool{}
+		n, repeated := 0, 0
+		for _, w := range work {
+			if w.c.p != p {
+				continue
+			}
+			n++
+			if seen[w] {
+				repeated++
+			}
+			seen[w] = true
+		}
+		if n > 0 {
+			f(n, repeated)
+		}
+	}
+	loopAgain.Store(&h)
+	return func() { loopAgain.Store(nil) }
+}
