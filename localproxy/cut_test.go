@@ -55,7 +55,12 @@ const cutGets, cutUploads = 20, 8
 func cutWhileBusy(t *testing.T) (forceClosed, other, total int) {
 	t.Helper()
 	release := make(chan struct{})
+	connected := make(chan struct{})
+	var connectedOnce sync.Once
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			connectedOnce.Do(func() { close(connected) })
+		}
 		if r.Method == http.MethodPost {
 			io.Copy(io.Discard, r.Body)
 		}
@@ -82,10 +87,21 @@ func cutWhileBusy(t *testing.T) (forceClosed, other, total int) {
 	tr = utilnet.SetTransportDefaults(tr)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	// The connection, before the load.
+	// The connection, before the load: its first request answered by
+	// the server's handler, so that the load's streams all go on it. A
+	// connection the proxy counts may still be in its TLS handshake; the
+	// load's requests would then each dial one of their own, and on a busy
+	// machine some would still be handshaking at the cut: their requests,
+	// not yet sent, go on new connections to the next API server (here an
+	// echo server, which fails their handshakes).
 	req, _ := http.NewRequest(http.MethodHead, "https://example.com/", nil)
 	go client.Do(req)
-	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 1 }, 10*time.Second, time.Millisecond)
+	select {
+	case <-connected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request did not reach the server through the proxy within 10s")
+	}
+	require.EqualValues(t, 1, r.Status().ActiveConnections, "connections through the proxy")
 
 	var mu sync.Mutex
 	var errs []error
