@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -439,9 +440,32 @@ func TestFillDatapathRatios(t *testing.T) {
 	}
 }
 
+func TestFillShortRatios(t *testing.T) {
+	rows := []DatapathShortRow{
+		{Path: pathDirect, MachineCPUUS: 200},
+		{Path: pathLocalProxy, ProxyCPUUS: 150, MachineCPUUS: 450},
+		{Path: pathHAProxy, ProxyCPUUS: 100, MachineCPUUS: 400},
+	}
+	fillShortRatios(rows)
+	want := [][3]float64{{0, 0.5, 1}, {1.5, 1.125, 2.25}, {1, 1, 2}} // CPU vs HAProxy, machine vs HAProxy, machine vs direct
+	for i, r := range rows {
+		got := [3]float64{r.CPUVsHAProxy, r.MachineVsHAProxy, r.MachineVsDirect}
+		for j := range got {
+			if math.Abs(got[j]-want[i][j]) > 0.01 {
+				t.Errorf("%s: ratios %v, want %v", r.Path, got, want[i])
+				break
+			}
+		}
+	}
+}
+
 func TestDatapathMarkdown(t *testing.T) {
 	r := &Results{Date: "2026-01-02 03:04 UTC", Datapath: &DatapathResults{
-		Config:     datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820},
+		Config: datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820, ShortConns: 4000},
+		Short: []DatapathShortRow{
+			{Path: pathLocalProxy, Conns: 4000, WallUS: 312.4, ProxyCPUUS: 146.25, CPUVsHAProxy: 1.34, MachineCPUUS: 420.5, MachineVsHAProxy: 1.1, MachineVsDirect: 1.9},
+			{Path: pathDirect, Conns: 4000, WallUS: 120, MachineCPUUS: 221.3, MachineVsDirect: 1},
+		},
 		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9, MachineCPUPerGiB: 1.5, MachineBusy: 0.97, CPUBoundVsDirect: 0.6}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1, MachineCPUPerGiB: 0.9, MachineBusy: 0.99, CPUBoundVsDirect: 1}},
 		Idle: []DatapathIdleRow{
 			{Path: pathNginx, Processes: 3, RSSKiB: 10240, FDs: 20},
@@ -456,6 +480,9 @@ func TestDatapathMarkdown(t *testing.T) {
 		"| nginx | 0 | 0 | 3 | 10.0 MiB | 20 | - | - | - |",
 		"| nginx (held 990 of 1000 (10 failed to open)) | 1000 | 990 | 3 | 20.0 MiB | 2000 | 10.3 KiB | 0.50× | 2.00 |",
 		"| haproxy | 1000 | error: gone / away |",
+		"Short connections: 4000 per contender, one at a time, in 4 interleaved rounds",
+		"| localproxy | 4000 | 312 | 146.2 | 1.34× | 420.5 | 1.10× | 1.90× |",
+		"| direct | 4000 | 120 | - | - | 221.3 | - | 1.00× |",
 		"raised to 9820",
 		"Asked for 1000, 10000 idle connections; with at most 20000 files per process here",
 		"measured at 1000, 9800.",

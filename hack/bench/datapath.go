@@ -67,7 +67,13 @@ type datapathConfig struct {
 	// LocalProxyMaxConns is localproxy's --max-connections where the
 	// default (10000) is too low, else 0.
 	LocalProxyMaxConns int `json:"localproxy_max_connections,omitempty"`
+	// ShortConns is the count of short connections per contender, split
+	// over Rounds (0: none).
+	ShortConns int `json:"short_conns"`
 }
+
+// shortBytes is what the sink sends on a short connection.
+const shortBytes = 2 << 10
 
 // DatapathThroughputRow is one direction through one contender.
 type DatapathThroughputRow struct {
@@ -97,6 +103,27 @@ type DatapathThroughputRow struct {
 	Error            string  `json:"error,omitempty"`
 }
 
+// DatapathShortRow is Conns short connections through one contender,
+// one at a time: the sink's request, its answer and shortBytes, its
+// close.
+type DatapathShortRow struct {
+	Path  string `json:"path"`
+	Conns int    `json:"conns"`
+	// WallUS is a connection's mean time from the dial to the sink's
+	// close, in µs.
+	WallUS float64 `json:"wall_us"`
+	// ProxyCPUUS is the CPU time of the proxy's processes per
+	// connection, in µs; 0 for direct.
+	ProxyCPUUS float64 `json:"proxy_cpu_us,omitempty"`
+	// MachineCPUUS is the whole machine's busy CPU time per connection
+	// (the client's, the sink's and the kernel's work included), in µs.
+	MachineCPUUS float64 `json:"machine_cpu_us"`
+	// Ratios against HAProxy's and direct's rows (0: unknown).
+	CPUVsHAProxy     float64 `json:"proxy_cpu_vs_haproxy"`
+	MachineVsDirect  float64 `json:"machine_cpu_vs_direct"`
+	MachineVsHAProxy float64 `json:"machine_cpu_vs_haproxy"`
+}
+
 // DatapathIdleRow is one contender holding Conns idle connections (0: at
 // rest).
 type DatapathIdleRow struct {
@@ -122,6 +149,7 @@ type DatapathIdleRow struct {
 type DatapathResults struct {
 	Config     datapathConfig          `json:"config"`
 	Throughput []DatapathThroughputRow `json:"throughput"`
+	Short      []DatapathShortRow      `json:"short_connections,omitempty"`
 	Idle       []DatapathIdleRow       `json:"idle"`
 	Error      string                  `json:"error,omitempty"`
 }
@@ -336,6 +364,84 @@ func measureThroughput(ctx context.Context, cs []*dpContender, cfg datapathConfi
 	}
 	fillDatapathRatios(rows)
 	return rows, nil
+}
+
+// measureShortConns opens cfg.ShortConns short connections through
+// every contender, one at a time, in rounds that rotate the contenders'
+// order: what a connection's setup and teardown cost, with little to
+// copy.
+func measureShortConns(ctx context.Context, cs []*dpContender, cfg datapathConfig, say func(string, ...any)) ([]DatapathShortRow, error) {
+	buf := make([]byte, sinkBuffer)
+	one := func(addr string) error {
+		_, err := transfer(addr, sinkSource, shortBytes, buf)
+		return err
+	}
+	acc := make(map[string]*dpSample)
+	for _, c := range cs {
+		acc[c.name] = &dpSample{}
+		for range 100 { // warm up: nothing recorded
+			if err := one(c.addr); err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
+	}
+	per := cfg.ShortConns / cfg.Rounds
+	for round := range cfg.Rounds {
+		began := time.Now()
+		for i := range cs {
+			c := cs[(i+round)%len(cs)]
+			var cpu0 time.Duration
+			if c.pids != nil {
+				cpu0 = cpuTime(c.pids())
+			}
+			busy0 := machineBusy()
+			t0 := time.Now()
+			for range per {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if err := one(c.addr); err != nil {
+					return nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+			}
+			s := acc[c.name]
+			s.wall += time.Since(t0)
+			s.machine += machineBusy() - busy0
+			s.bytes += int64(per) // connections
+			if c.pids != nil {
+				s.cpu += cpuTime(c.pids()) - cpu0
+			}
+		}
+		say("  short connections round %d/%d done in %s", round+1, cfg.Rounds, time.Since(began).Round(time.Millisecond))
+	}
+	us := func(d time.Duration, n int64) float64 { return round(float64(d.Microseconds())/float64(n), 1) }
+	var rows []DatapathShortRow
+	for _, c := range cs {
+		s := acc[c.name]
+		r := DatapathShortRow{Path: c.name, Conns: int(s.bytes), WallUS: us(s.wall, s.bytes), MachineCPUUS: us(s.machine, s.bytes)}
+		if c.pids != nil {
+			r.ProxyCPUUS = us(s.cpu, s.bytes)
+		}
+		rows = append(rows, r)
+	}
+	fillShortRatios(rows)
+	return rows, nil
+}
+
+// fillShortRatios sets the short-connection rows' ratios against
+// HAProxy's and direct's rows.
+func fillShortRatios(rows []DatapathShortRow) {
+	for i, r := range rows {
+		for _, b := range rows {
+			switch b.Path {
+			case pathHAProxy:
+				rows[i].CPUVsHAProxy = ratio(r.ProxyCPUUS, b.ProxyCPUUS)
+				rows[i].MachineVsHAProxy = ratio(r.MachineCPUUS, b.MachineCPUUS)
+			case pathDirect:
+				rows[i].MachineVsDirect = ratio(r.MachineCPUUS, b.MachineCPUUS)
+			}
+		}
+	}
 }
 
 // fillDatapathRatios sets the throughput rows' ratios against HAProxy's
@@ -588,6 +694,17 @@ func runDatapath(ctx context.Context, e *env, paths []string, cfg datapathConfig
 	r.Throughput = rows
 	for _, row := range rows {
 		say("    %s/%s: %.0f MiB/s (%s of direct; the CPU allows %s), proxy CPU %.3fs/GiB, machine %.3fs/GiB (%.0f%% busy)", row.Direction, row.Path, row.MiBPerSec, fmtRatio(row.VsDirect), fmtRatio(row.CPUBoundVsDirect), row.ProxyCPUPerGiB, row.MachineCPUPerGiB, 100*row.MachineBusy)
+	}
+	if cfg.ShortConns > 0 {
+		say("  short connections: %d through each, one at a time, %d rounds", cfg.ShortConns, cfg.Rounds)
+		short, err := measureShortConns(ctx, cs, cfg, say)
+		if err != nil {
+			return fail(fmt.Errorf("short connections: %w", err))
+		}
+		r.Short = short
+		for _, row := range short {
+			say("    %s: %.0fµs a connection, proxy CPU %.1fµs (%s of HAProxy's), machine %.1fµs (%s of direct's)", row.Path, row.WallUS, row.ProxyCPUUS, fmtRatio(row.CPUVsHAProxy), row.MachineCPUUS, fmtRatio(row.MachineVsDirect))
+		}
 	}
 	if len(cfg.IdleConns) > 0 {
 		say("  idle connections: %v through each, one contender at a time", cfg.IdleConns)

@@ -38,9 +38,11 @@
 // instances, side by side, configured as in front of the apiservers) in
 // front of a synthetic TCP sink in the bed's network namespace that passes
 // their health checks: bulk throughput each way (MiB/s, CPU seconds of the
-// proxy's processes per GiB; direct to the sink is the limit), then the
-// proxy's RSS and file descriptors at rest and holding 1,000 and 10,000
-// idle connections (-idle-conns), one contender at a time.
+// proxy's processes per GiB; direct to the sink is the limit), short
+// connections one at a time (a request, 2 KiB back, the sink's close:
+// CPU per connection; -short-conns), then the proxy's RSS and file
+// descriptors at rest and holding 1,000 and 10,000 idle connections
+// (-idle-conns), one contender at a time.
 // -datapath-only runs just this.
 //
 // Health cost at rest: -cost-clients idle clients of one kind at a time
@@ -127,6 +129,7 @@ func main() {
 	flag.BoolVar(&o.datapathOnly, "datapath-only", false, "run only the data-path measurement")
 	flag.IntVar(&o.datapath.MiB, "datapath-mib", 1024, "MiB each way through each contender in the throughput measurement")
 	flag.IntVar(&o.datapath.Rounds, "datapath-rounds", 4, "interleaved rounds of the throughput measurement")
+	flag.IntVar(&o.datapath.ShortConns, "short-conns", 4000, "short connections (a request, 2 KiB back, the sink's close) through each contender, one at a time, split over -datapath-rounds (0: none)")
 	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
 	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest")
 	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest")
@@ -192,6 +195,9 @@ func (o *options) validate() error {
 	d := &o.datapath
 	if d.MiB < 1 || d.Rounds < 1 || d.MiB < d.Rounds {
 		return fmt.Errorf("-datapath-mib at least -datapath-rounds (%d), which is at least 1", d.Rounds)
+	}
+	if d.ShortConns < 0 || (d.ShortConns > 0 && d.ShortConns < d.Rounds) {
+		return fmt.Errorf("-short-conns: %d; 0 (none) or at least -datapath-rounds (%d)", d.ShortConns, d.Rounds)
 	}
 	d.IdleConns = nil
 	for _, f := range splitList(o.idleConns) {

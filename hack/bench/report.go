@@ -147,7 +147,7 @@ func (r *Results) markdown() string {
 	if r.NewConn != nil && (len(r.NewConn.Rows) > 0 || len(r.NewConn.Loaded) > 0) {
 		r.NewConn.markdown(w)
 	}
-	if r.Datapath != nil && (len(r.Datapath.Throughput) > 0 || len(r.Datapath.Idle) > 0 || r.Datapath.Error != "") {
+	if r.Datapath != nil && (len(r.Datapath.Throughput) > 0 || len(r.Datapath.Short) > 0 || len(r.Datapath.Idle) > 0 || r.Datapath.Error != "") {
 		r.Datapath.markdown(w)
 	}
 	if r.Cost != nil {
@@ -270,6 +270,20 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 			}
 			w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), cpu, fmtRatio(r.CPUVsHAProxy),
 				r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
+		}
+		w("")
+	}
+	if len(d.Short) > 0 {
+		w("Short connections: %d per contender, one at a time, in %d interleaved rounds; each sends the sink's request (9 bytes), reads its answer and %d bytes, and the sink closes: what a connection's setup and teardown cost. Proxy CPU: as above, per connection, health checks included. Machine CPU: busy time of all cores per connection, the client's, the sink's and the kernel's work included.", c.ShortConns, c.Rounds, shortBytes)
+		w("")
+		w("| path | conns | µs a connection | proxy CPU µs/conn | vs haproxy | machine CPU µs/conn | vs haproxy | vs direct |")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, r := range d.Short {
+			cpu := "-"
+			if r.ProxyCPUUS > 0 {
+				cpu = fmt.Sprintf("%.1f", r.ProxyCPUUS)
+			}
+			w("| %s | %d | %.0f | %s | %s | %.1f | %s | %s |", r.Path, r.Conns, r.WallUS, cpu, fmtRatio(r.CPUVsHAProxy), r.MachineCPUUS, fmtRatio(r.MachineVsHAProxy), fmtRatio(r.MachineVsDirect))
 		}
 		w("")
 	}
