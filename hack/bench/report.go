@@ -56,6 +56,15 @@ func fmtRatio(v float64) string {
 	return fmt.Sprintf("%.2f×", v)
 }
 
+// fmtPositive formats v, or "-" if it is not above zero (a figure the
+// path does not have, as direct's proxy CPU).
+func fmtPositive(format string, v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
+}
+
 func fmtSecs(v *float64) string {
 	if v == nil {
 		return "none"
@@ -264,11 +273,7 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 		w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy | machine CPU s/GiB | busy | CPU bound vs direct |")
 		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range d.Throughput {
-			cpu := "-"
-			if r.ProxyCPUPerGiB > 0 {
-				cpu = fmt.Sprintf("%.3f", r.ProxyCPUPerGiB)
-			}
-			w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), cpu, fmtRatio(r.CPUVsHAProxy),
+			w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), fmtPositive("%.3f", r.ProxyCPUPerGiB), fmtRatio(r.CPUVsHAProxy),
 				r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
 		}
 		w("")
@@ -279,11 +284,7 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 		w("| path | conns | µs a connection | proxy CPU µs/conn | vs haproxy | machine CPU µs/conn | vs haproxy | vs direct |")
 		w("|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, r := range d.Short {
-			cpu := "-"
-			if r.ProxyCPUUS > 0 {
-				cpu = fmt.Sprintf("%.1f", r.ProxyCPUUS)
-			}
-			w("| %s | %d | %.0f | %s | %s | %.1f | %s | %s |", r.Path, r.Conns, r.WallUS, cpu, fmtRatio(r.CPUVsHAProxy), r.MachineCPUUS, fmtRatio(r.MachineVsHAProxy), fmtRatio(r.MachineVsDirect))
+			w("| %s | %d | %.0f | %s | %s | %.1f | %s | %s |", r.Path, r.Conns, r.WallUS, fmtPositive("%.1f", r.ProxyCPUUS), fmtRatio(r.CPUVsHAProxy), r.MachineCPUUS, fmtRatio(r.MachineVsHAProxy), fmtRatio(r.MachineVsDirect))
 		}
 		w("")
 	}
