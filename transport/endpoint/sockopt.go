@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// keepAliveProbes is how many unanswered keepalive probes end a
+// connection that TuneTCP or TuneTCPListener tuned.
+const keepAliveProbes = 3
+
 // TuneTCP sets keepalive and TCP_USER_TIMEOUT on a TCP connection, the
 // socket options both front ends want on every connection, to a server or
 // from a client: keepAlive > 0 enables keepalive with that idle time and
@@ -22,7 +26,7 @@ func TuneTCP(nc net.Conn, keepAlive, userTimeout time.Duration) error {
 	}
 	var kerr, uerr error
 	if keepAlive > 0 {
-		kerr = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: 3})
+		kerr = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAlive, Interval: keepAlive, Count: keepAliveProbes})
 	} else {
 		kerr = tc.SetKeepAlive(false)
 	}

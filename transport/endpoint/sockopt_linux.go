@@ -81,15 +81,18 @@ func TuneTCPListener(rc syscall.RawConn, keepAlive, userTimeout time.Duration) e
 			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE")
 			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE")
 			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
-			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 3, "TCP_KEEPCNT")
+			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveProbes, "TCP_KEEPCNT")
 		} else {
 			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0, "SO_KEEPALIVE")
-		}
-		if userTimeout > 0 {
-			set(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(userTimeout.Milliseconds()), "TCP_USER_TIMEOUT")
 		}
 	}); err != nil {
 		return err
 	}
-	return serr
+	if serr != nil {
+		return serr
+	}
+	if err := setUserTimeout(rc, userTimeout); err != nil {
+		return fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
+	}
+	return nil
 }
