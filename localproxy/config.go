@@ -101,8 +101,10 @@ type Config struct {
 	// SO_REUSEPORT on Linux (and SO_REUSEADDR, so a restarted proxy
 	// rebinds at once): a new proxy binds the addresses while the one it
 	// replaces still serves, and the health listener is bound the same
-	// way. A Listen of the caller's own (e.g. sockets passed by systemd)
-	// is used as given.
+	// way; the client listeners carry the client connections' keepalive
+	// and TCP_USER_TIMEOUT, which accepted sockets inherit. A Listen of
+	// the caller's own (e.g. sockets passed by systemd) is used as given,
+	// and each connection it accepts is tuned.
 	Listen func(ctx context.Context, network, address string) (net.Listener, error)
 	// HandoverTimeout bounds how long a stopping proxy waits for a
 	// successor listening on the same addresses (SO_REUSEPORT) to become
@@ -264,9 +266,6 @@ type Config struct {
 	health healthLimits
 	// clientCloseGrace, if set, replaces the package's (tests).
 	clientCloseGrace time.Duration
-	// ownListen: Listen was nil, and the proxy makes its listeners
-	// (listenTuned), with the client connections' socket options.
-	ownListen bool
 	// trimBurst and trimQuiet, if set, replace the package's (tests).
 	trimBurst int
 	trimQuiet time.Duration
@@ -309,10 +308,6 @@ func (c *Config) setDefaults() error {
 	}
 	if len(c.ListenAddresses) == 0 {
 		c.ListenAddresses = []string{DefaultListenAddress}
-	}
-	if c.Listen == nil {
-		c.Listen = listenReusePort
-		c.ownListen = true
 	}
 	c.HandoverTimeout = endpoint.OrDefault(c.HandoverTimeout, DefaultHandoverTimeout)
 	if c.Pool.Logger.GetSink() == nil {

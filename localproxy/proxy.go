@@ -292,13 +292,16 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 			ln.Close()
 		}
 	}
-	if p.cfg.ownListen {
+	// With no Listen of the caller's, the proxy makes its listeners
+	// (listenTuned), with the client connections' socket options.
+	own := p.cfg.Listen == nil
+	if own {
 		p.tunedListeners = map[net.Listener]bool{}
 	}
 	for _, a := range p.cfg.ListenAddresses {
 		var ln net.Listener
 		var err error
-		if p.cfg.ownListen {
+		if own {
 			// The kernel gives accepted sockets the listener's keepalive
 			// and TCP_USER_TIMEOUT: tuneClient is then not needed.
 			var tuned bool
