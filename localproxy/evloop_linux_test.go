@@ -284,6 +284,35 @@ func TestLoopHoldsOnlyAnEndedSourceForEnded(t *testing.T) {
 	require.Eventually(t, func() bool { e := r.LoopEnds(); return len(e) == 0 || e[0][0] }, 10*time.Second, 10*time.Millisecond)
 }
 
+// echoThrough opens conns connections to addr, in front of an echo
+// server, at once; each sends size bytes and its EOF and reads the echo
+// to its EOF within deadline. Each connection's error, or nil, comes on
+// the channel.
+func echoThrough(addr string, conns, size int, deadline time.Duration) <-chan error {
+	errs := make(chan error, conns)
+	for range conns {
+		go func() {
+			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(deadline))
+			go func() {
+				c.Write(make([]byte, size))
+				c.(*net.TCPConn).CloseWrite()
+			}()
+			n, err := io.Copy(io.Discard, c)
+			if err == nil && n != int64(size) {
+				err = fmt.Errorf("echoed %d of %d bytes", n, size)
+			}
+			errs <- err
+		}()
+	}
+	return errs
+}
+
 // With one P the loop waits through Go's network poller instead of
 // blocking a thread in epoll_wait (--gomaxprocs=1): connections copy, in
 // both directions, to their EOFs, as with more.
@@ -291,27 +320,7 @@ func TestLoopWithOneP(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	r := start(t, localproxy.Config{Endpoints: []string{newEcho(t).addr()}})
 	const conns, size = 20, 1 << 20
-	errs := make(chan error, conns)
-	for range conns {
-		go func() {
-			c, err := net.DialTimeout("tcp", r.addr(), 10*time.Second)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			go func() {
-				c.Write(make([]byte, size))
-				c.(*net.TCPConn).CloseWrite()
-			}()
-			n, err := io.Copy(io.Discard, c)
-			if err == nil && n != size {
-				err = fmt.Errorf("echoed %d of %d bytes", n, size)
-			}
-			errs <- err
-		}()
-	}
+	errs := echoThrough(r.addr(), conns, size, 20*time.Second)
 	for range conns {
 		assert.NoError(t, <-errs)
 	}
@@ -330,27 +339,7 @@ func TestLoopQueuesADirectionOnce(t *testing.T) {
 		repeated.Add(int64(rep))
 	})()
 	const conns, size = 4, 64 << 20
-	errs := make(chan error, conns)
-	for range conns {
-		go func() {
-			c, err := net.DialTimeout("tcp", r.addr(), 10*time.Second)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(60 * time.Second))
-			go func() {
-				c.Write(make([]byte, size))
-				c.(*net.TCPConn).CloseWrite()
-			}()
-			n, err := io.Copy(io.Discard, c)
-			if err == nil && n != size {
-				err = fmt.Errorf("echoed %d of %d bytes", n, size)
-			}
-			errs <- err
-		}()
-	}
+	errs := echoThrough(r.addr(), conns, size, 60*time.Second)
 	for range conns {
 		require.NoError(t, <-errs)
 	}
