@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -76,6 +77,48 @@ func (d *Dialer) staggerDelay() time.Duration {
 		return DefaultStaggerDelay
 	}
 	return max(d.StaggerDelay, 0)
+}
+
+// The methods below serve a caller that runs DialAny's race itself on
+// its own non-blocking sockets (localproxy's event loop): the same
+// settings, counts and reports.
+
+// Stagger is StaggerDelay with its default: how long an attempt runs
+// before the next candidate starts beside it (0: all at once).
+func (d *Dialer) Stagger() time.Duration { return d.staggerDelay() }
+
+// TuneFD sets on fd, a TCP socket about to connect, the options
+// DialEndpoint's connections get: keepalive and TCP_USER_TIMEOUT (set
+// before the connect, it bounds the handshake's retransmissions too).
+func (d *Dialer) TuneFD(fd int) error {
+	return TuneTCPFD(fd, OrDefault(d.KeepAlive, DefaultKeepAlive), OrDefault(d.UserTimeout, DefaultUserTimeout))
+}
+
+// Opened counts a connection to addr the caller connected itself, as
+// DialAny counts its own (upstream.Pool.ConnOpened); closing the
+// returned Closer, once or more, stops counting it.
+func (d *Dialer) Opened(addr string) io.Closer {
+	d.Pool.ConnOpened(addr)
+	return &counted{addr: addr, pool: d.Pool}
+}
+
+// counted is a connection Opened counts.
+type counted struct {
+	addr string
+	pool *upstream.Pool
+	once sync.Once
+}
+
+func (c *counted) Close() error {
+	c.once.Do(func() { c.pool.ConnClosed(c.addr) })
+	return nil
+}
+
+// ReportDialFailure reports a failed connect to addr, as an attempt of
+// DialAny does; a connect abandoned because another won says nothing of
+// addr and is not reported.
+func (d *Dialer) ReportDialFailure(addr string, err error) {
+	d.reportFailure(context.Background(), addr, upstream.FailureDial, err)
 }
 
 // OrDefault returns v, or def if v is zero: the "If zero, a default is

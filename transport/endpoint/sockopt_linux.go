@@ -20,12 +20,18 @@ func setUserTimeout(c syscall.RawConn, d time.Duration) error {
 		return nil
 	}
 	var serr error
-	if err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
-	}); err != nil {
+	if err := c.Control(func(fd uintptr) { serr = setUserTimeoutFD(int(fd), d) }); err != nil {
 		return err
 	}
 	return serr
+}
+
+// setUserTimeoutFD is setUserTimeout of the socket fd.
+func setUserTimeoutFD(fd int, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
 }
 
 // SinceData returns how long ago the TCP connection under nc (unwrapped
@@ -67,31 +73,38 @@ func SinceDataFD(fd int) (sent, recv time.Duration, ok bool) {
 // accept leaves keepalive alone (net.ListenConfig.KeepAlive < 0).
 func TuneTCPListener(rc syscall.RawConn, keepAlive, userTimeout time.Duration) error {
 	var serr error
-	set := func(fd, level, opt, v int, name string) {
+	if err := rc.Control(func(fd uintptr) { serr = TuneTCPFD(int(fd), keepAlive, userTimeout) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// TuneTCPFD sets what TuneTCPListener sets on the TCP socket fd, for a
+// socket the caller made or accepted itself (a connection as well as a
+// listener).
+func TuneTCPFD(fd int, keepAlive, userTimeout time.Duration) error {
+	var serr error
+	set := func(level, opt, v int, name string) {
 		if serr == nil {
 			if err := unix.SetsockoptInt(fd, level, opt, v); err != nil {
 				serr = fmt.Errorf("%s: %w", name, err)
 			}
 		}
 	}
-	if err := rc.Control(func(fd uintptr) {
-		if keepAlive > 0 {
-			// Whole seconds, rounded up as Go's SetKeepAliveConfig does.
-			secs := int((keepAlive + time.Second - 1) / time.Second)
-			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE")
-			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE")
-			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
-			set(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveProbes, "TCP_KEEPCNT")
-		} else {
-			set(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0, "SO_KEEPALIVE")
-		}
-	}); err != nil {
-		return err
+	if keepAlive > 0 {
+		// Whole seconds, rounded up as Go's SetKeepAliveConfig does.
+		secs := int((keepAlive + time.Second - 1) / time.Second)
+		set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE")
+		set(unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE")
+		set(unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
+		set(unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveProbes, "TCP_KEEPCNT")
+	} else {
+		set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0, "SO_KEEPALIVE")
 	}
 	if serr != nil {
 		return serr
 	}
-	if err := setUserTimeout(rc, userTimeout); err != nil {
+	if err := setUserTimeoutFD(fd, userTimeout); err != nil {
 		return fmt.Errorf("TCP_USER_TIMEOUT: %w", err)
 	}
 	return nil

@@ -20,3 +20,6 @@ func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, fals
 func TuneTCPListener(syscall.RawConn, time.Duration, time.Duration) error {
 	return errors.ErrUnsupported
 }
+
+// TuneTCPFD is not done here.
+func TuneTCPFD(int, time.Duration, time.Duration) error { return errors.ErrUnsupported }
