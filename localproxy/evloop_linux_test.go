@@ -128,8 +128,8 @@ func TestLoopKeepsAnEndThatCameWhileTheReaderWasFull(t *testing.T) {
 
 // fillThenEnd sends on w until the proxy, which reads w's bytes from its
 // socket local (to remote), stops reading them: the other side is full.
-// Then, once the loop has seen the queue grow, a short tail and the FIN.
-// It returns how many bytes it sent.
+// Then, once the loop has seen the queue grow, a short tail and the FIN,
+// which may wait for the reader. It returns how many bytes it sends.
 func fillThenEnd(t *testing.T, w *net.TCPConn, local, remote net.Addr) int {
 	chunk := make([]byte, 16<<10)
 	sent := 0
@@ -138,9 +138,12 @@ func fillThenEnd(t *testing.T, w *net.TCPConn, local, remote net.Addr) int {
 			t.Errorf("the proxy read all of %d bytes: it never stalled", sent)
 			break
 		}
+		// A write that blocks (w's buffer full) is cut short, and the
+		// queue looked at.
+		w.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		n, err := w.Write(chunk)
 		sent += n
-		if err != nil {
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Errorf("writing: %v", err)
 			return sent
 		}
@@ -157,10 +160,22 @@ func fillThenEnd(t *testing.T, w *net.TCPConn, local, remote net.Addr) int {
 			break
 		}
 	}
+	w.SetWriteDeadline(time.Time{})
 	time.Sleep(20 * time.Millisecond)
-	n, _ := w.Write(make([]byte, 100))
-	w.CloseWrite()
-	return sent + n
+	// The tail goes once the reader reads, if w's buffer is full: the
+	// count is the reader's to wait for first.
+	const tail = 100
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Write(make([]byte, tail))
+		w.CloseWrite()
+	}()
+	t.Cleanup(func() {
+		w.Close() // a tail the reader never took fails
+		<-done
+	})
+	return sent + tail
 }
 
 // readAllAfterEnd waits for the FIN to reach the stalled loop, then reads
@@ -228,8 +243,9 @@ func TestLoopPassesOnBytesAfterAnUrgentMark(t *testing.T) {
 		n, _ := io.ReadFull(c, b)
 		got <- string(b[:n])
 	})
-	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
-	// All of it is queued when the loop takes the connection.
+	// A caller's listener: Go accepts, and the connection is handed to
+	// the loop after its dial. All of it is queued then.
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}, Listen: plainListen})
 	defer r.OnLoopHandoff(func(func()) { time.Sleep(200 * time.Millisecond) })()
 	c := dial(t, r.addr()).(*net.TCPConn)
 	rc, err := c.SyscallConn()
@@ -249,9 +265,11 @@ func TestLoopPassesOnBytesAfterAnUrgentMark(t *testing.T) {
 // A connection closed while it is handed to the loop (a registry event,
 // a drain) closes its client gently, as without the loop: the client
 // reads an EOF, not a reset, though it sent bytes the proxy did not read.
+// (A caller's listener: Go accepts, and the connection is handed to the
+// loop after its dial.)
 func TestLoopClosesGentlyDuringTheHandoff(t *testing.T) {
 	srv := newServer(t, func(c *net.TCPConn) { io.Copy(io.Discard, c) })
-	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}, Listen: plainListen})
 	restore := r.OnLoopHandoff(func(close func()) {
 		time.Sleep(100 * time.Millisecond) // the client's bytes arrive
 		close()
