@@ -54,7 +54,7 @@ func (p *Proxy) stuckAccepting(now time.Time) error {
 // acceptLoop accepts clients until ln is closed. Errors such as EMFILE
 // (out of file descriptors) back off, doubling up to a second, and the
 // loop goes on: the pending connections wait in the listen backlog.
-func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
+func (p *Proxy) acceptLoop(ctx context.Context, ln net.Listener) {
 	defer p.accepting.Add(-1)
 	defer p.acceptFailing.Delete(ln)
 	tuned := p.tunedListeners[ln]
@@ -71,14 +71,7 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			if delay == 0 {
-				p.acceptFailing.Store(ln, &acceptFailure{addr: ln.Addr().String(), since: time.Now(), err: err})
-			} else if f, ok := p.acceptFailing.Load(ln); ok {
-				f.(*acceptFailure).setErr(err)
-			}
-			delay = min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
-			p.m.acceptErrors.Inc()
-			p.log.V(1).Info("accept failed; backing off", "addr", ln.Addr().String(), "err", err.Error(), "delay", delay)
+			delay = p.acceptFailed(ln, err, delay)
 			if timer == nil {
 				timer = time.NewTimer(delay)
 			} else {
@@ -95,29 +88,63 @@ func (p *Proxy) acceptLoop(ctx, connCtx context.Context, ln net.Listener, handle
 			p.acceptFailing.Delete(ln)
 			delay = 0
 		}
-		p.m.accepted.Inc()
-		p.noteAccept()
-		// An open connection holds two descriptors, one closed FIN first
-		// one for clientCloseGrace (closeClient): MaxConnections bounds
-		// them all.
-		if max := p.cfg.MaxConnections; max > 0 && 2*p.active.Load()+p.lingering.Load() >= 2*int64(max) {
-			p.m.rejected.WithLabelValues("max_connections").Inc()
-			p.log.V(2).Info("too many connections; closing", "client", nc.RemoteAddr().String(), "max", max)
+		if !p.admit(nc.RemoteAddr()) {
 			nc.Close()
 			continue
 		}
 		c := &conn{p: p, client: nc, tuned: tuned}
-		p.active.Add(1)
-		p.m.active.Inc()
-		p.mu.Lock()
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
-		handlers.Add(1)
-		p.workers.Go(func() {
-			defer handlers.Done()
-			p.serve(connCtx, c)
-		})
+		p.track(c)
+		p.serveConn(c)
 	}
+}
+
+// acceptFailed records a failed accept on ln, the run of failures that
+// began after the last success (delay 0) or goes on, and returns how long
+// to back off: doubling from minAcceptBackoff up to maxAcceptBackoff.
+func (p *Proxy) acceptFailed(ln net.Listener, err error, delay time.Duration) time.Duration {
+	if delay == 0 {
+		p.acceptFailing.Store(ln, &acceptFailure{addr: ln.Addr().String(), since: time.Now(), err: err})
+	} else if f, ok := p.acceptFailing.Load(ln); ok {
+		f.(*acceptFailure).setErr(err)
+	}
+	delay = min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
+	p.m.acceptErrors.Inc()
+	p.log.V(1).Info("accept failed; backing off", "addr", ln.Addr().String(), "err", err.Error(), "delay", delay)
+	return delay
+}
+
+// admit counts an accepted connection and tells whether it may be
+// served: false past MaxConnections, and the caller closes it.
+func (p *Proxy) admit(client net.Addr) bool {
+	p.m.accepted.Inc()
+	p.noteAccept()
+	// An open connection holds two descriptors, one closed FIN first
+	// one for clientCloseGrace (closeClient): MaxConnections bounds
+	// them all.
+	if max := p.cfg.MaxConnections; max > 0 && 2*p.active.Load()+p.lingering.Load() >= 2*int64(max) {
+		p.m.rejected.WithLabelValues("max_connections").Inc()
+		p.log.V(2).Info("too many connections; closing", "client", client.String(), "max", max)
+		return false
+	}
+	return true
+}
+
+// track counts c open, until forget.
+func (p *Proxy) track(c *conn) {
+	p.active.Add(1)
+	p.m.active.Inc()
+	p.mu.Lock()
+	p.conns[c] = struct{}{}
+	p.mu.Unlock()
+}
+
+// serveConn serves c on a worker goroutine, which Run's drain waits for.
+func (p *Proxy) serveConn(c *conn) {
+	p.handlers.Add(1)
+	p.workers.Go(func() {
+		defer p.handlers.Done()
+		p.serve(p.connCtx, c)
+	})
 }
 
 func (p *Proxy) forget(c *conn) {

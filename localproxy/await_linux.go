@@ -62,6 +62,9 @@ type poller struct {
 	mu    sync.Mutex // guards the fields below
 	next  uint64     // the last id given
 	conns map[uint64]*conn
+	// lns are the listeners the loop accepts on (evaccept_linux.go), by
+	// id, from the same ids as conns.
+	lns map[uint64]*loopListener
 
 	// again holds loop connections with more to copy than one event's
 	// share (loopShare): the poller goes on with them after the others,
@@ -69,6 +72,9 @@ type poller struct {
 	// Only run uses them.
 	again []loopWork
 	pipes [][2]int
+	// timers are the loop's deadlines (dials, accept backoff), soonest
+	// first; they bound its wait. Only run and what it calls use them.
+	timers loopTimers
 	// splicing is the proxy's count of copies splicing (Proxy.splicing).
 	splicing *atomic.Int32
 }
@@ -101,7 +107,7 @@ func newPollerMode(blocking bool) (*poller, error) {
 		unix.Close(epfd)
 		return nil, os.NewSyscallError("eventfd", err)
 	}
-	p := &poller{epfd: epfd, evfd: evfd, blocking: blocking, done: make(chan struct{}), conns: make(map[uint64]*conn)}
+	p := &poller{epfd: epfd, evfd: evfd, blocking: blocking, done: make(chan struct{}), conns: make(map[uint64]*conn), lns: make(map[uint64]*loopListener)}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN} // key 0
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &ev); err != nil {
 		p.closeFDs()
@@ -164,7 +170,7 @@ func (p *poller) run() {
 			// More to copy: look for events without waiting.
 			n, werr = p.wait(events, 0)
 		case p.blocking:
-			n, werr = p.wait(events, -1)
+			n, werr = p.wait(events, p.timers.timeout(time.Now()))
 		default:
 			if err := p.rc.Read(wait); err != nil {
 				return
@@ -180,16 +186,22 @@ func (p *poller) run() {
 			}
 			p.mu.Lock()
 			c := p.conns[key>>1]
-			p.mu.Unlock()
+			var l *loopListener
 			if c == nil {
-				continue
+				l = p.lns[key>>1]
 			}
-			if c.ev != nil {
-				c.onEvent(int(key&1), ev.Events)
-			} else {
+			p.mu.Unlock()
+			switch {
+			case l != nil:
+				l.ready()
+			case c == nil:
+			case c.ev != nil:
+				c.onKey(key, ev.Events)
+			default:
 				c.resume(int(key & 1))
 			}
 		}
+		p.timers.run(time.Now())
 		p.runAgain()
 		if time.Since(yielded) >= pollerYield {
 			runtime.Gosched()
@@ -241,6 +253,53 @@ func (p *poller) add(c *conn) uint64 {
 	p.next++
 	p.conns[p.next] = c
 	return p.next
+}
+
+// at arms t, a loop timer, for when; the poller's goroutine only.
+func (p *poller) at(t *loopTimer, when time.Time) { p.timers.at(t, when) }
+
+// addListener registers l's socket, edge triggered, for its
+// connections; a listener with connections queued already is reported
+// at once.
+func (p *poller) addListener(l *loopListener) error {
+	p.mu.Lock()
+	p.next++
+	l.id = p.next
+	p.lns[l.id] = l
+	p.mu.Unlock()
+	key := l.id << 1
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(uint32(key)), Pad: int32(uint32(key >> 32))}
+	p.fds.RLock()
+	err := error(nil)
+	if p.closed {
+		err = errors.New("poller closed")
+	} else if e := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, l.fd, &ev); e != nil {
+		err = os.NewSyscallError("epoll_ctl", e)
+	}
+	p.fds.RUnlock()
+	if err != nil {
+		p.mu.Lock()
+		delete(p.lns, l.id)
+		p.mu.Unlock()
+	}
+	return err
+}
+
+// removeListener takes l off the loop: once it returns, the poller's
+// goroutine does not use l's descriptor again, and its owner may close
+// it.
+func (p *poller) removeListener(l *loopListener) {
+	l.mu.Lock()
+	l.removed = true
+	p.fds.RLock()
+	if !p.closed {
+		unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, l.fd, nil)
+	}
+	p.fds.RUnlock()
+	l.mu.Unlock()
+	p.mu.Lock()
+	delete(p.lns, l.id)
+	p.mu.Unlock()
 }
 
 // remove drops the id of a connection that finished: its events are

@@ -16,18 +16,30 @@ import (
 
 // conn is one client connection and, once dialed, its upstream.
 type conn struct {
-	p      *Proxy
-	client net.Conn
+	p *Proxy
+	// client is the client's connection; nil for one the loop accepted
+	// (evaccept_linux.go), whose socket is c.ev's, and whose addresses are
+	// raddr and laddr (nil if unknown).
+	client       net.Conn
+	raddr, laddr *net.TCPAddr
 	// tuned: client has the socket options tuneClient sets, from its
 	// listener.
 	tuned bool
 	// Set once dialed, before the conn is registered per upstream.
 	addr string
-	up   *endpoint.TrackedConn
+	// up counts the upstream connection in the pool until closed: an
+	// *endpoint.TrackedConn, or endpoint.Dialer.Opened's for one dialed
+	// on the loop, whose socket is c.ev's and its address upAddr.
+	up     io.Closer
+	upAddr *net.TCPAddr
 	// upRaw is up's underlying connection: copying between two
 	// *net.TCPConn takes the kernel splice path. Closing goes through up so
 	// the pool stops counting it.
 	upRaw net.Conn
+	// dial is c's dial on the loop while it runs, and dialing says so to
+	// the poller's goroutine without c.mu.
+	dial    *loopDial
+	dialing atomic.Bool
 	// fb, if not nil, watches for the upstream's first byte after the
 	// client's first bytes: set before the copies start, cleared once the
 	// watch is settled.
@@ -68,6 +80,47 @@ func (c *conn) attach(addr string, tc *endpoint.TrackedConn) bool {
 	return true
 }
 
+// clientAddr is the client's address.
+func (c *conn) clientAddr() net.Addr {
+	if c.client != nil {
+		return c.client.RemoteAddr()
+	}
+	if c.raddr == nil {
+		return nil
+	}
+	return c.raddr
+}
+
+// clientLocal is the address the client connected to; nil if unknown.
+func (c *conn) clientLocal() net.Addr {
+	if c.client != nil {
+		return c.client.LocalAddr()
+	}
+	if c.laddr == nil {
+		return nil
+	}
+	return c.laddr
+}
+
+// upstreamAddr is the upstream's address once dialed; nil before.
+func (c *conn) upstreamAddr() net.Addr {
+	if c.upRaw != nil {
+		return c.upRaw.RemoteAddr()
+	}
+	if c.upAddr == nil {
+		return nil
+	}
+	return c.upAddr
+}
+
+// clientName is the client's address for logs.
+func (c *conn) clientName() string {
+	if a := c.clientAddr(); a != nil {
+		return a.String()
+	}
+	return "unknown"
+}
+
 // serve dials an upstream for c and starts the copies in both directions
 // (pipe); the connection finishes when both are done.
 func (p *Proxy) serve(ctx context.Context, c *conn) {
@@ -89,7 +142,7 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 		// Every endpoint refused a moment ago: do not dial them all again
 		// for each client that reconnects.
 		p.m.rejected.WithLabelValues("holdoff").Inc()
-		p.log.V(2).Info("closing the connection without dialing", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		p.log.V(2).Info("closing the connection without dialing", "client", c.clientName(), "err", err.Error())
 		return false
 	}
 	// The registry refuses the connection if its endpoint goes away
@@ -105,7 +158,7 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 			p.hold.Failed(round, err)
 		}
 		p.m.rejected.WithLabelValues("no_endpoint").Inc()
-		p.log.Info("no endpoint accepted the connection", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		p.log.Info("no endpoint accepted the connection", "client", c.clientName(), "err", err.Error())
 		return false
 	}
 	p.hold.End()
@@ -125,7 +178,7 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 		return false
 	}
 	endMark()
-	p.log.V(4).Info("connected", "client", c.client.RemoteAddr().String(), "endpoint", addr)
+	p.log.V(4).Info("connected", "client", c.clientName(), "endpoint", addr)
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
 		if err == nil {
@@ -183,10 +236,17 @@ func (c *conn) finish() {
 	c.mu.Lock()
 	fb := c.fb
 	c.fb = nil
+	var upID uint64
+	if c.ev != nil {
+		upID = c.ev.upID
+	}
 	c.mu.Unlock()
 	fb.stop()
 	if c.id != 0 { // no direction parks any more: c.id is set for good
 		c.p.parker().remove(c.id)
+	}
+	if upID != 0 && upID != c.id {
+		c.p.parker().remove(upID)
 	}
 	c.p.forget(c)
 	c.p.pipes.Done()
@@ -290,10 +350,19 @@ func (c *conn) close() {
 	// Only a direction made done here can be the last: a running one
 	// finishes c itself when it ends.
 	last := parked && c.doneLocked()
-	up, t, ev := c.up, c.closeTimer, c.ev
+	up, t, ev, dial := c.up, c.closeTimer, c.ev, c.dial
+	if dial != nil {
+		// Its dial is close's to end, and c its to finish.
+		c.dial = nil
+		c.dialing.Store(false)
+		last = true
+	}
 	c.mu.Unlock()
 	if t != nil {
 		t.Stop()
+	}
+	if dial != nil {
+		c.closeDial(dial)
 	}
 	// Only a connection that reached its API server carries streams to
 	// fail retryably; one whose both sides ended with an EOF gave the

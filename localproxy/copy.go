@@ -271,7 +271,7 @@ func (d *direction) park() bool {
 	if err := c.p.parker().arm(d, id); err != nil {
 		mine := c.unpark(d)
 		if mine {
-			c.p.log.V(2).Info("waiting for data without the poller", "client", c.client.RemoteAddr().String(), "err", err.Error())
+			c.p.log.V(2).Info("waiting for data without the poller", "client", c.clientName(), "err", err.Error())
 		}
 		return !mine
 	}

@@ -11,13 +11,15 @@ import (
 )
 
 // TestCopyEndsAreTCPConns checks the precondition of the kernel splice
-// path: with the default Listen, the two connections the proxy copies
+// path of the copies on goroutines: with a listener of the caller's,
+// whose connections Go accepts, the two connections the proxy copies
 // between are bare *net.TCPConn (io.Copy into a *net.TCPConn from an
 // io.LimitedReader over another one splices on Linux). It does not observe
 // splice(2) itself; a wrapper on either side would make it fail.
 func TestCopyEndsAreTCPConns(t *testing.T) {
 	echo := newEcho(t)
-	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}})
+	var lc net.ListenConfig
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, Listen: lc.Listen})
 	c := dial(t, r.addr())
 	require.NoError(t, roundTrip(c, "splice"))
 	ends := r.CopyEnds()

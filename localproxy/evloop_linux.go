@@ -39,6 +39,9 @@ type evConn struct {
 	// upstream's (1).
 	fds  [2]int
 	dirs [2]evDir
+	// upID is the id of the upstream's key when c was dialed on the
+	// loop with an id of its own (a later attempt won); 0: c.id's.
+	upID uint64
 }
 
 // evDir is one direction on the loop.
@@ -97,13 +100,13 @@ func (c *conn) toLoop() bool {
 	}
 	cfd, err := dupFD(client)
 	if err != nil {
-		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the client's socket", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the client's socket", "client", c.clientName(), "err", err.Error())
 		return false
 	}
 	ufd, err := dupFD(up)
 	if err != nil {
 		unix.Close(cfd)
-		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the upstream's socket", "client", c.client.RemoteAddr().String(), "err", err.Error())
+		c.p.log.V(2).Info("copying on goroutines: cannot duplicate the upstream's socket", "client", c.clientName(), "err", err.Error())
 		return false
 	}
 	if f := loopHandoff.Load(); f != nil {
@@ -128,7 +131,7 @@ func (c *conn) toLoop() bool {
 	}
 	for s, fd := range c.ev.fds {
 		if err := p.register(fd, c.id<<1|uint64(s)); err != nil {
-			c.p.log.V(2).Info("closing the connection: the poller refused it", "client", c.client.RemoteAddr().String(), "err", err.Error())
+			c.p.log.V(2).Info("closing the connection: the poller refused it", "client", c.clientName(), "err", err.Error())
 			// Registered or not, the descriptors are closed by close,
 			// which can be called once c.mu is released.
 			go c.close()
@@ -391,11 +394,14 @@ func writeFD(fd int, b []byte) (int, syscall.Errno) {
 
 // fdError is a loop socket's failure as its net.Conn would report it.
 func fdError(op string, c *conn, sock int, err error) error {
-	nc := c.client
+	local, remote := c.clientLocal(), c.clientAddr()
 	if sock == 1 {
-		nc = c.upRaw
+		local, remote = nil, c.upstreamAddr()
+		if c.upRaw != nil {
+			local = c.upRaw.LocalAddr()
+		}
 	}
-	return &net.OpError{Op: op, Net: "tcp", Source: nc.LocalAddr(), Addr: nc.RemoteAddr(), Err: os.NewSyscallError(op, err)}
+	return &net.OpError{Op: op, Net: "tcp", Source: local, Addr: remote, Err: os.NewSyscallError(op, err)}
 }
 
 // splice moves bulk data from src to dst through e's pipe: what the pipe
@@ -549,7 +555,9 @@ func (c *conn) closeLoop(ev *evConn, gently bool) {
 		}
 	}
 	c.p.closeClient(sockFD(ev.fds[0]), gently)
-	unix.Close(ev.fds[1])
+	if ev.fds[1] >= 0 { // -1: c was still dialing
+		unix.Close(ev.fds[1])
+	}
 }
 
 // sinceDataLocked is SinceData of socket sock (0: the client's, 1: the

@@ -2,14 +2,32 @@
 
 package localproxy
 
-import "time"
+import (
+	"net"
+	"syscall"
+	"time"
+)
 
 // evConn: elsewhere than on Linux there is no event loop, and goroutines
-// copy.
-type evConn struct{}
+// copy. Never set: its upID is what finish reads on Linux.
+type evConn struct{ upID uint64 }
 
 func (c *conn) toLoop() bool                                            { return false }
 func (c *conn) onEvent(int, uint32)                                     {}
 func (c *conn) closeLoop(*evConn, bool)                                 {}
 func (c *conn) sinceDataLocked(int) (sent, recv time.Duration, ok bool) { return 0, 0, false }
 func (c *conn) loopFDs() [2]int                                         { return [2]int{-1, -1} }
+
+// loopDial and loopListener: no dial or accept on a loop here.
+type (
+	loopDial     struct{}
+	loopListener struct{}
+)
+
+func (p *Proxy) acceptOnLoop(net.Listener) bool { return false }
+func (p *Proxy) unloopListeners()               {}
+func (c *conn) closeDial(*loopDial)             {}
+
+// setNoDelay: the listener's sockets are accepted by Go, which sets
+// TCP_NODELAY on each.
+func setNoDelay(syscall.RawConn) error { return nil }

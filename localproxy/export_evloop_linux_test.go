@@ -64,3 +64,30 @@ func (p *Proxy) OnLoopAgain(f func(n, repeated int)) (restore func()) {
 	loopAgain.Store(&h)
 	return func() { loopAgain.Store(nil) }
 }
+
+// LoopDialing counts the connect attempts in flight on the loop over p's
+// connections.
+func (p *Proxy) LoopDialing() int {
+	n := 0
+	for _, c := range p.snapshot() {
+		c.mu.Lock()
+		if c.dial != nil {
+			n += len(c.dial.tries)
+		}
+		c.mu.Unlock()
+	}
+	return n
+}
+
+// LoopKeys counts the ids p's poller holds for connections: one per
+// connection it serves or parks, and one per later attempt of a dial on
+// the loop (kept by the connection its attempt won for).
+func (p *Proxy) LoopKeys() int {
+	poll := p.parker()
+	if poll == nil {
+		return 0
+	}
+	poll.mu.Lock()
+	defer poll.mu.Unlock()
+	return len(poll.conns)
+}

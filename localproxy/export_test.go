@@ -12,13 +12,17 @@ import (
 
 // CopyEnds are the two connections pipe copies between for one client.
 type CopyEnds struct {
-	// Client is the accepted client connection.
+	// Client is the accepted client connection; nil when the loop
+	// accepted it.
 	Client net.Conn
 	// Upstream is the upstream's underlying connection (not the
-	// endpoint.TrackedConn around it).
+	// endpoint.TrackedConn around it); nil when the loop dialed it.
 	Upstream net.Conn
-	// OnLoop: the poller's loop copies; the net.Conns are closed, and
-	// FDs are the client's and the upstream's descriptors.
+	// ClientAddr and ClientLocal are the client connection's remote and
+	// local addresses, UpstreamAddr the upstream's.
+	ClientAddr, ClientLocal, UpstreamAddr net.Addr
+	// OnLoop: the poller's loop copies; the net.Conns, if any, are
+	// closed, and FDs are the client's and the upstream's descriptors.
 	OnLoop bool
 	FDs    [2]int
 }
@@ -29,8 +33,8 @@ func (p *Proxy) CopyEnds() []CopyEnds {
 	var out []CopyEnds
 	for _, c := range p.snapshot() {
 		c.mu.Lock()
-		if c.upRaw != nil {
-			e := CopyEnds{Client: c.client, Upstream: c.upRaw}
+		if c.upRaw != nil || (c.ev != nil && c.dial == nil && c.loopFDs()[1] >= 0) {
+			e := CopyEnds{Client: c.client, Upstream: c.upRaw, ClientAddr: c.clientAddr(), ClientLocal: c.clientLocal(), UpstreamAddr: c.upstreamAddr()}
 			if c.ev != nil && !c.closed {
 				e.OnLoop, e.FDs = true, c.loopFDs()
 			}

@@ -24,7 +24,7 @@ func (p *Proxy) reapIdle(ctx context.Context) {
 		for _, c := range p.snapshot() {
 			if d, ok := c.idle(); ok && d >= p.cfg.IdleTimeout {
 				p.m.closed.WithLabelValues("idle").Inc()
-				p.log.V(4).Info("closing idle connection", "client", c.client.RemoteAddr().String(), "idle", d)
+				p.log.V(4).Info("closing idle connection", "client", c.clientName(), "idle", d)
 				c.close()
 			}
 		}

@@ -60,8 +60,14 @@ type Proxy struct {
 	poll     *poller
 	pollInit sync.Once
 	// pipes counts connections whose copies started and are not done;
-	// they outlive the goroutine of serve.
+	// they outlive the goroutine of serve. Those dialed on the loop count
+	// from their dial on.
 	pipes sync.WaitGroup
+	// handlers counts the serve goroutines, which dial with connCtx: it
+	// ends when the shutdown deadline passes. Both set by Run before any
+	// accept.
+	handlers sync.WaitGroup
+	connCtx  context.Context
 	// closing and lingering count client connections closed FIN first
 	// whose full close is still to come (closeClient).
 	closing   sync.WaitGroup
@@ -95,6 +101,8 @@ type Proxy struct {
 	healthAddr net.Addr
 	// conns holds every client connection.
 	conns map[*conn]struct{}
+	// loopLns are the listeners the poller's goroutine accepts on.
+	loopLns []*loopListener
 }
 
 // New validates cfg and returns a proxy. It opens no sockets and starts no
@@ -256,10 +264,14 @@ func (p *Proxy) Run(ctx context.Context) error {
 	// give up.
 	connCtx, stopConns := context.WithCancel(runCtx)
 	defer stopConns()
-	var handlers, loops sync.WaitGroup
+	p.connCtx = connCtx
+	var loops sync.WaitGroup
 	p.accepting.Store(int32(len(lns)))
 	for _, ln := range lns {
-		loops.Go(func() { p.acceptLoop(ctx, connCtx, ln, &handlers) })
+		if p.acceptOnLoop(ln) {
+			continue
+		}
+		loops.Go(func() { p.acceptLoop(ctx, ln) })
 	}
 	close(p.ready)
 	p.log.Info("proxy listening", "addrs", addrStrings(lns), "endpoints", p.cfg.Endpoints)
@@ -267,12 +279,13 @@ func (p *Proxy) Run(ctx context.Context) error {
 	<-ctx.Done()
 	p.stopping.Store(true)
 	p.handOver(lns, hln)
+	p.unloopListeners()
 	for _, ln := range lns {
 		ln.Close()
 	}
 	loops.Wait()
 	p.upstreams.StopDrains()
-	p.drain(&handlers, stopConns)
+	p.drain(stopConns)
 	p.closing.Wait() // at most clientCloseGrace
 	p.closePoller()
 	p.stopTrim()
@@ -306,7 +319,10 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 			// and TCP_USER_TIMEOUT: tuneClient is then not needed.
 			var tuned bool
 			ln, tuned, err = listenTuned(ctx, "tcp", a, func(rc syscall.RawConn) error {
-				return endpoint.TuneTCPListener(rc, p.cfg.KeepAlive, p.cfg.UserTimeout)
+				if err := endpoint.TuneTCPListener(rc, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
+					return err
+				}
+				return setNoDelay(rc)
 			})
 			if err == nil && !tuned {
 				p.log.V(2).Info("the listener does not carry the client connections' socket options; each connection is tuned", "addr", ln.Addr().String())
@@ -371,10 +387,10 @@ func (p *Proxy) closePoller() {
 
 // drain gives open connections up to ShutdownTimeout, then closes them and
 // waits until they are done.
-func (p *Proxy) drain(handlers *sync.WaitGroup, stopConns context.CancelFunc) {
+func (p *Proxy) drain(stopConns context.CancelFunc) {
 	done := make(chan struct{})
 	go func() {
-		handlers.Wait()
+		p.handlers.Wait()
 		// Every serve has returned: no more pipes start.
 		p.pipes.Wait()
 		close(done)

@@ -123,8 +123,8 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			require.NoError(t, roundTrip(c, "tuned"))
 			ends := r.CopyEnds()
 			require.Len(t, ends, 1)
-			require.Equal(t, c.LocalAddr().String(), ends[0].Client.RemoteAddr().String(), "not this test's client socket")
-			require.Equal(t, echo.addr(), ends[0].Upstream.RemoteAddr().String(), "not the upstream socket")
+			require.Equal(t, c.LocalAddr().String(), ends[0].ClientAddr.String(), "not this test's client socket")
+			require.Equal(t, echo.addr(), ends[0].UpstreamAddr.String(), "not the upstream socket")
 
 			read := func(side int, nc net.Conn) (tcpOpts, error) {
 				if ends[0].OnLoop {

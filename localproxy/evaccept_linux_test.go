@@ -1,0 +1,175 @@
+//go:build linux
+
+package localproxy_test
+
+import (
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/apifailover/apifailover/localproxy"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// hungListener returns the address of a listener that never accepts and
+// whose accept queue is full: the kernel drops the SYNs of a connect to
+// it, which hangs, as with a blackholed API server.
+func hungListener(t *testing.T) string {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, unix.Listen(fd, 0)) // room for one connection
+	sa, err := unix.Getsockname(fd)
+	require.NoError(t, err)
+	addr := net.JoinHostPort("127.0.0.1", itoa(sa.(*unix.SockaddrInet4).Port))
+	first, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err, "the connection that fills the queue")
+	t.Cleanup(func() { first.Close() })
+	if c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond); err == nil {
+		c.Close()
+		t.Skip("a full accept queue does not drop SYNs here")
+	}
+	return addr
+}
+
+func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
+
+// Connections to the proxy's own listeners are accepted and dialed on the
+// loop: no net.Conn on either side.
+func TestOwnListenersAcceptOnTheLoop(t *testing.T) {
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}})
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "on the loop"))
+	ends := r.CopyEnds()
+	require.Len(t, ends, 1)
+	assert.True(t, ends[0].OnLoop, "not copied on the loop")
+	assert.Nil(t, ends[0].Client, "the client connection went through Go's accept")
+	assert.Nil(t, ends[0].Upstream, "the upstream connection went through Go's dialer")
+	assert.Equal(t, c.LocalAddr().String(), ends[0].ClientAddr.String())
+	assert.Equal(t, c.RemoteAddr().String(), ends[0].ClientLocal.String())
+	assert.Equal(t, echo.addr(), ends[0].UpstreamAddr.String())
+	c.Close()
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+}
+
+// The first candidate hangs (its SYNs are dropped): after the stagger
+// delay the next one is tried beside it and wins; the hung attempt is
+// closed, counted as a lost dial, and nothing of it stays on the loop.
+func TestLoopDialStaggersPastAHungEndpoint(t *testing.T) {
+	hung := hungListener(t)
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, StaggerDelay: 100 * time.Millisecond, AttemptTimeout: time.Minute, DialTimeout: time.Minute})
+	// Discovered endpoints rank before static-only ones: the hung one is
+	// tried first, until its probe fails.
+	require.NoError(t, r.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: hung}}))
+	require.Equal(t, hung, r.Pool().Candidates()[0])
+
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "past the hung one"))
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_failovers_total", "reason", "dial"))
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", hung, "result", "error"), "the lost attempt")
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", echo.addr(), "result", "ok"))
+	assert.Zero(t, r.LoopDialing(), "an attempt still in flight")
+	assert.Equal(t, 2, r.LoopKeys(), "the connection's id and its winning attempt's")
+	c.Close()
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+}
+
+// A dial whose candidates both hang ends at the attempts' timeout, or at
+// the whole dial's: the client is closed, both attempts are counted
+// failed, and nothing of them stays on the loop.
+func TestLoopDialGivesUpOnHungEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		attempt, timeout time.Duration
+	}{
+		{"attempt timeout", 200 * time.Millisecond, time.Minute},
+		{"dial timeout", time.Minute, 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hung := []string{hungListener(t), hungListener(t)}
+			r := start(t, localproxy.Config{Endpoints: hung, StaggerDelay: 50 * time.Millisecond, AttemptTimeout: tc.attempt, DialTimeout: tc.timeout})
+			c := dial(t, r.addr())
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_, err := c.Read(make([]byte, 1))
+			require.Error(t, err, "the client was not closed")
+			require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the client was not closed")
+			assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_connections_rejected_total", "reason", "no_endpoint"))
+			for _, h := range hung {
+				assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", h, "result", "error"), h)
+			}
+			require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
+			assert.Zero(t, r.LoopDialing())
+			assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+		})
+	}
+}
+
+// A connection closed while it dials (here by the shutdown) ends its
+// attempts at once: Run returns without waiting for them to time out.
+func TestLoopDialEndsWithTheConnection(t *testing.T) {
+	hung := hungListener(t)
+	r := start(t, localproxy.Config{Endpoints: []string{hung}, AttemptTimeout: time.Minute, DialTimeout: time.Minute})
+	c := dial(t, r.addr())
+	require.Eventually(t, func() bool { return r.LoopDialing() == 1 }, 10*time.Second, 5*time.Millisecond)
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run waits for the dial")
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.ReadAll(c)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the client was not closed")
+	assert.Zero(t, r.LoopDialing())
+	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", hung, "result", "error"), "the abandoned attempt")
+}
+
+// A candidate given by name needs resolving, which the loop does not do:
+// its connections are served on goroutines, as without the loop.
+func TestLoopHandsHostNamesToTheDialer(t *testing.T) {
+	echo := newEcho(t)
+	_, port, err := net.SplitHostPort(echo.addr())
+	require.NoError(t, err)
+	named := net.JoinHostPort("localhost", port)
+	if addrs, err := net.LookupHost("localhost"); err != nil || len(addrs) == 0 {
+		t.Skip("localhost does not resolve here")
+	}
+	r := start(t, localproxy.Config{Endpoints: []string{named}})
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "by name"))
+	ends := r.CopyEnds()
+	require.Len(t, ends, 1)
+	assert.NotNil(t, ends[0].Client, "accepted on the loop, served on goroutines")
+	assert.Equal(t, c.LocalAddr().String(), ends[0].ClientAddr.String())
+}
+
+// An IPv6 upstream is dialed on the loop too.
+func TestLoopDialsIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	srv := serveOn(t, ln, echo)
+	r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "v6"))
+	ends := r.CopyEnds()
+	require.Len(t, ends, 1)
+	assert.Nil(t, ends[0].Upstream, "dialed by Go")
+	assert.Equal(t, srv.addr(), ends[0].UpstreamAddr.String())
+}
