@@ -673,6 +673,9 @@ func (c *conn) startLoop() bool {
 		}
 	}
 	c.fb = p.fb.watch(c.addr)
+	if c.fb != nil {
+		c.fb.loop = p.poll
+	}
 	for side := range c.dirs {
 		c.dirs[side].c, c.dirs[side].side = c, side
 		c.dirs[side].state = dirParked

@@ -195,6 +195,13 @@ type firstByte struct {
 	hello    bool // the client's first flight was a ClientHello (flightHello)
 	sentAt   time.Time
 	timer    *time.Timer
+	// loop, if set, is the poller whose goroutine runs the connection's
+	// copies, and lt the deadline there instead of timer: sent and
+	// received run on that goroutine, which alone arms it. Stopped
+	// elsewhere, the watch is settled and the deadline, when it comes,
+	// does nothing.
+	loop     *poller
+	lt       loopTimer
 	expired  bool // the deadline passed first
 	settled  bool // the upstream answered or failed
 	waiting  bool // counted in the pool's AddWaiting
@@ -222,7 +229,14 @@ func (f *firstByte) sent(fl flight) {
 		return
 	}
 	f.sentAt, f.deadline, f.waiting, f.hello = time.Now(), d, true, fl == flightHello
-	f.timer = time.AfterFunc(d, f.expire)
+	if f.loop != nil {
+		// A Go timer would cost a wakeup of another thread per
+		// connection, the loop's none.
+		f.lt.fire = func(time.Time) { f.expire() }
+		f.loop.at(&f.lt, f.sentAt.Add(d))
+	} else {
+		f.timer = time.AfterFunc(d, f.expire)
+	}
 	f.mu.Unlock()
 	f.w.pool.AddWaiting(f.addr, 1)
 }
