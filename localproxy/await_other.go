@@ -5,6 +5,7 @@ package localproxy
 import (
 	"errors"
 	"sync/atomic"
+	"time"
 )
 
 // poller: elsewhere than on Linux there is none, and directions wait for
@@ -14,10 +15,11 @@ type poller struct{ splicing *atomic.Int32 }
 // newPoller returns no poller.
 func newPoller() (*poller, error) { return nil, nil }
 
-func (*poller) run()             {}
-func (*poller) close()           {}
-func (*poller) add(*conn) uint64 { return 0 }
-func (*poller) remove(uint64)    {}
+func (*poller) run()                     {}
+func (*poller) close()                   {}
+func (*poller) add(*conn) uint64         { return 0 }
+func (*poller) remove(uint64)            {}
+func (*poller) at(*loopTimer, time.Time) {}
 func (*poller) arm(*direction, uint64) error {
 	return errors.ErrUnsupported
 }

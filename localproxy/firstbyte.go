@@ -191,10 +191,10 @@ type firstByte struct {
 
 	// mu guards the fields below; the pool is not called while it is
 	// held.
-	mu       sync.Mutex
-	hello    bool // the client's first flight was a ClientHello (flightHello)
-	sentAt   time.Time
-	timer    *time.Timer
+	mu     sync.Mutex
+	hello  bool // the client's first flight was a ClientHello (flightHello)
+	sentAt time.Time
+	timer  *time.Timer
 	// loop, if set, is the poller whose goroutine runs the connection's
 	// copies, and lt the deadline there instead of timer: sent and
 	// received run on that goroutine, which alone arms it. Stopped
