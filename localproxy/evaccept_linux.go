@@ -22,8 +22,9 @@ import (
 // registered with the poller, and the poller's goroutine accepts their
 // connections, connects each to its API server with a non-blocking
 // socket of its own and copies, HAProxy's way: a new connection wakes
-// that one thread, for the accept and again for the connect, and no
-// goroutine. On Go's network poller instead (acceptLoop, serve and the
+// that thread, for the accept and again for the connect, and no
+// goroutine (Go's network poller, which still watches the listener, Go's
+// for the hand-over, notes the accept's edge too). On Go's network poller instead (acceptLoop, serve and the
 // dialer's attempts), the accept, the dial, its attempt and the copies
 // run on several goroutines, each hand-off a wakeup of another thread,
 // and the other P's work lets Go's sysmon take the poller's P from its
@@ -138,12 +139,19 @@ func (l *loopListener) resume(time.Time) {
 
 // acceptAll accepts until the queue is empty (the listener is edge
 // triggered) or accepting fails, then backs off as acceptLoop does: the
-// connections wait in the backlog.
+// connections wait in the backlog. After acceptBatch connections it goes
+// on after the loop's other events (its timer, due at once), so that a
+// storm of new connections does not hold up those already open, nor
+// Run's removal of the listener for long.
 func (l *loopListener) acceptAll() {
 	p := l.p
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for !l.removed {
+	for n := 0; !l.removed; n++ {
+		if n == acceptBatch {
+			p.poll.at(&l.timer, time.Now())
+			return
+		}
 		fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		switch err {
 		case nil:
@@ -164,6 +172,10 @@ func (l *loopListener) acceptAll() {
 		p.takeLoopConn(l, fd, sa)
 	}
 }
+
+// acceptBatch is how many connections the loop accepts on a listener
+// before it turns to its other events.
+var acceptBatch = 64
 
 // takeLoopConn starts serving fd, a client connection accepted on l.
 func (p *Proxy) takeLoopConn(l *loopListener, fd int, sa unix.Sockaddr) {
@@ -304,7 +316,7 @@ func (p *Proxy) dialOnLoop(c *conn, fd int) {
 	c.dial = d
 	c.dialing.Store(true)
 	var end dialEnd
-	c.advanceLocked(now, true, &end)
+	c.advanceLocked(now, 1, &end)
 	c.mu.Unlock()
 	c.dialEnded(end)
 }
@@ -326,13 +338,19 @@ func (p *Proxy) serveFromLoop(c *conn, fd int) {
 	p.serveConn(c)
 }
 
-// advanceLocked starts the next candidate if startNext or none is in
-// flight (one whose connect fails at once starts the one after), then
-// arms the dial's timer; with none in flight and none left, the dial
-// failed.
-func (c *conn) advanceLocked(now time.Time, startNext bool, end *dialEnd) {
+// advanceLocked starts the next start candidates (an attempt that
+// failed or timed out starts one, the stagger one), or one if none is in
+// flight, then arms the dial's timer; past the dial's deadline it starts
+// none. With none in flight and none left, the dial failed.
+func (c *conn) advanceLocked(now time.Time, start int, end *dialEnd) {
 	d := c.dial
-	if startNext || len(d.tries) == 0 {
+	if len(d.tries) == 0 {
+		start = max(start, 1)
+	}
+	if !now.Before(d.deadline) {
+		start = 0 // as DialAny's context: nothing starts after its end
+	}
+	for ; start > 0 && d.next < len(d.cands); start-- {
 		c.startOneLocked(now, end)
 	}
 	if len(d.tries) == 0 {
@@ -482,7 +500,7 @@ func (c *conn) onDialEvent(id uint64, events uint32) {
 		c.closeTry(t)
 		c.tryFailedLocked(d, t, dialError(t.ap, os.NewSyscallError("connect", err)), now, &end)
 		// A failed attempt starts the next at once.
-		c.advanceLocked(now, true, &end)
+		c.advanceLocked(now, 1, &end)
 		c.mu.Unlock()
 		c.dialEnded(end)
 		return
@@ -520,6 +538,7 @@ func (c *conn) dialTimer(now time.Time) {
 	}
 	attempt := endpoint.OrDefault(c.p.cfg.AttemptTimeout, endpoint.DefaultAttemptTimeout)
 	kept := d.tries[:0]
+	start := 0
 	for _, t := range d.tries {
 		if now.Sub(t.start) < attempt {
 			kept = append(kept, t)
@@ -527,9 +546,13 @@ func (c *conn) dialTimer(now time.Time) {
 		}
 		c.closeTry(t)
 		c.tryFailedLocked(d, t, dialError(t.ap, os.ErrDeadlineExceeded), now, &end)
+		start++ // as a failed attempt
 	}
 	d.tries = kept
-	c.advanceLocked(now, !d.staggerAt.IsZero() && !now.Before(d.staggerAt), &end)
+	if !d.staggerAt.IsZero() && !now.Before(d.staggerAt) {
+		start++
+	}
+	c.advanceLocked(now, start, &end)
 	c.mu.Unlock()
 	c.dialEnded(end)
 }

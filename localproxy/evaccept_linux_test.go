@@ -173,3 +173,34 @@ func TestLoopDialsIPv6(t *testing.T) {
 	assert.Nil(t, ends[0].Upstream, "dialed by Go")
 	assert.Equal(t, srv.addr(), ends[0].UpstreamAddr.String())
 }
+
+// The loop accepts a few connections per event (here one) and goes on
+// with the rest after its other events: connections queued together are
+// all served, though their listener's edge came once.
+func TestLoopAcceptsTheRestAfterABatch(t *testing.T) {
+	// Restored after the proxy stops (cleanups run last first).
+	t.Cleanup(localproxy.SetAcceptBatch(1))
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}})
+	const n = 40
+	conns := make(chan net.Conn, n)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			c, err := net.DialTimeout("tcp", r.addr(), 10*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			conns <- c
+			errs <- roundTrip(c, "queued together")
+		}()
+	}
+	for range n {
+		assert.NoError(t, <-errs)
+	}
+	close(conns)
+	for c := range conns {
+		c.Close()
+	}
+}

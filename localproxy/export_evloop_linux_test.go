@@ -91,3 +91,12 @@ func (p *Proxy) LoopKeys() int {
 	defer poll.mu.Unlock()
 	return len(poll.conns)
 }
+
+// SetAcceptBatch sets how many connections the loop accepts before it
+// turns to its other events, until the returned function is called; no
+// proxy may run meanwhile, but those started after it.
+func SetAcceptBatch(n int) (restore func()) {
+	old := acceptBatch
+	acceptBatch = n
+	return func() { acceptBatch = old }
+}
