@@ -24,12 +24,14 @@ import (
 // socket of its own and copies, HAProxy's way: a new connection wakes
 // that thread, for the accept and again for the connect, and no
 // goroutine (Go's network poller, which still watches the listener, Go's
-// for the hand-over, notes the accept's edge too). On Go's network poller instead (acceptLoop, serve and the
-// dialer's attempts), the accept, the dial, its attempt and the copies
-// run on several goroutines, each hand-off a wakeup of another thread,
-// and the other P's work lets Go's sysmon take the poller's P from its
-// wait again and again (then sysmon itself polls every 20µs): in make
-// bench, 1.36-1.42x HAProxy's CPU per short connection before, ... after.
+// for the hand-over, notes the accept's edge too). On Go's network
+// poller instead (acceptLoop, serve and the dialer's attempts), the
+// accept, the dial, its attempt and the copies run on several
+// goroutines, each hand-off a wakeup of another thread, and the other
+// P's work lets Go's sysmon take the poller's P from its wait again and
+// again (then sysmon itself polls every 20µs): in make bench, 1.36-1.42x
+// HAProxy's CPU per short connection that way, 0.94-0.96x on the loop
+// (README, Benchmarks).
 //
 // The dial keeps what endpoint.Dialer.DialAny does: candidates in the
 // pool's order, the next one started when an attempt fails or has not
