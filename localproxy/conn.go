@@ -81,36 +81,26 @@ func (c *conn) attach(addr string, tc *endpoint.TrackedConn) bool {
 }
 
 // clientAddr is the client's address.
-func (c *conn) clientAddr() net.Addr {
-	if c.client != nil {
-		return c.client.RemoteAddr()
-	}
-	if c.raddr == nil {
-		return nil
-	}
-	return c.raddr
-}
+func (c *conn) clientAddr() net.Addr { return addrOf(c.client, false, c.raddr) }
 
 // clientLocal is the address the client connected to; nil if unknown.
-func (c *conn) clientLocal() net.Addr {
-	if c.client != nil {
-		return c.client.LocalAddr()
-	}
-	if c.laddr == nil {
-		return nil
-	}
-	return c.laddr
-}
+func (c *conn) clientLocal() net.Addr { return addrOf(c.client, true, c.laddr) }
 
 // upstreamAddr is the upstream's address once dialed; nil before.
-func (c *conn) upstreamAddr() net.Addr {
-	if c.upRaw != nil {
-		return c.upRaw.RemoteAddr()
+func (c *conn) upstreamAddr() net.Addr { return addrOf(c.upRaw, false, c.upAddr) }
+
+// addrOf is nc's remote address (local: its local one), or, without nc
+// (a socket of the loop's own), a; nil if neither is known.
+func addrOf(nc net.Conn, local bool, a *net.TCPAddr) net.Addr {
+	switch {
+	case nc != nil && local:
+		return nc.LocalAddr()
+	case nc != nil:
+		return nc.RemoteAddr()
+	case a != nil:
+		return a
 	}
-	if c.upAddr == nil {
-		return nil
-	}
-	return c.upAddr
+	return nil
 }
 
 // clientName is the client's address for logs.

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,7 +78,7 @@ type loopListener struct {
 // keeps its accept loop.
 func (p *Proxy) acceptOnLoop(ln net.Listener) bool {
 	tl, ok := ln.(*net.TCPListener)
-	if !ok || p.cfg.Listen != nil || loopAcceptOff.Load() {
+	if !ok || p.cfg.Listen != nil {
 		return false
 	}
 	poll := p.parker()
@@ -107,9 +106,6 @@ func (p *Proxy) acceptOnLoop(ln net.Listener) bool {
 	p.mu.Unlock()
 	return true
 }
-
-// loopAcceptOff, if set (tests), keeps every listener on its accept loop.
-var loopAcceptOff atomic.Bool
 
 // unloopListeners takes the listeners off the loop, for Run before it
 // closes them: once it returns, the poller's goroutine accepts on none.
