@@ -106,6 +106,13 @@ type Config struct {
 	// the caller's own (e.g. sockets passed by systemd) is used as given,
 	// and each connection it accepts is tuned.
 	Listen func(ctx context.Context, network, address string) (net.Listener, error)
+	// ListenersOwned says that the listeners Listen returns are the
+	// proxy's until Run returns, as those it makes are: nothing else
+	// closes them (sockets passed by systemd, which the proxy alone
+	// holds). The event loop then accepts on them, as on its own, and
+	// tunes each connection; otherwise each keeps a goroutine accepting,
+	// which notices its owner's close.
+	ListenersOwned bool
 	// HandoverTimeout bounds how long a stopping proxy waits for a
 	// successor listening on the same addresses (SO_REUSEPORT) to become
 	// ready before it steers new connections to it and stops accepting;

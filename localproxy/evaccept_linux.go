@@ -42,7 +42,7 @@ import (
 //
 // Connections still go through the goroutines where the loop cannot take
 // them: a listener of the caller's (Config.Listen: its owner may close
-// it under the proxy), one P (the poller then waits through Go's network
+// it under the proxy) unless given to the proxy (ListenersOwned), one P (the poller then waits through Go's network
 // poller, without timers), and a candidate that is a host name, which
 // needs resolving (serveFromLoop).
 
@@ -73,12 +73,13 @@ type loopListener struct {
 	timer   loopTimer
 }
 
-// acceptOnLoop hands ln to the poller's goroutine, if ln is one of the
-// proxy's own TCP listeners and the poller waits by itself; false: ln
-// keeps its accept loop.
+// acceptOnLoop hands ln to the poller's goroutine, if ln is a TCP
+// listener of the proxy's own (or the caller's, given to it:
+// Config.ListenersOwned) and the poller waits by itself; false: ln keeps
+// its accept loop.
 func (p *Proxy) acceptOnLoop(ln net.Listener) bool {
 	tl, ok := ln.(*net.TCPListener)
-	if !ok || p.cfg.Listen != nil {
+	if !ok || (p.cfg.Listen != nil && !p.cfg.ListenersOwned) {
 		return false
 	}
 	poll := p.parker()

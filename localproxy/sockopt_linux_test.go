@@ -24,6 +24,7 @@ type tcpOpts struct {
 	Interval    int // TCP_KEEPINTVL, seconds
 	Count       int // TCP_KEEPCNT
 	UserTimeout int // TCP_USER_TIMEOUT, milliseconds; 0 is the system default
+	NoDelay     bool
 }
 
 // readTCPOpts reads tcpOpts back from nc's socket with getsockopt. The
@@ -64,6 +65,7 @@ func readTCPOptsFD(fd int) (tcpOpts, error) {
 		o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
 	}
 	o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+	o.NoDelay = get(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY) != 0
 	return o, gerr
 }
 
@@ -84,33 +86,43 @@ func TestSocketOptionsBothSides(t *testing.T) {
 		name             string
 		cfg              localproxy.Config
 		client, upstream tcpOpts
+		// onLoop: the loop accepted the connection (no net.Conn).
+		onLoop bool
 	}{{
 		name: "configured",
 		cfg: localproxy.Config{
 			KeepAlive: 7 * time.Second, UserTimeout: 1500 * time.Millisecond,
 			UpstreamKeepAlive: 9 * time.Second, UpstreamUserTimeout: 2500 * time.Millisecond,
 		},
-		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, Count: 3, UserTimeout: 1500},
-		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, Count: 3, UserTimeout: 2500},
+		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, Count: 3, UserTimeout: 1500, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, Count: 3, UserTimeout: 2500, NoDelay: true},
 	}, {
 		// Go's accept turns keepalive on with 15s by itself: the client
 		// side must be retuned to the proxy's defaults.
 		name:     "defaults",
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
 	}, {
 		// The proxy's own listeners hand their options to the sockets
 		// they accept; on a listener of the caller's, Go's accept sets
 		// keepalive (15s) itself, so each connection is tuned after it.
 		name:     "caller's listener",
 		cfg:      localproxy.Config{Listen: plainListen},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+	}, {
+		// Given to the proxy (as systemd's sockets are): the loop
+		// accepts on it, and tunes each connection itself.
+		name:     "caller's listener, owned",
+		cfg:      localproxy.Config{Listen: plainListen, ListenersOwned: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		onLoop:   true,
 	}, {
 		name:     "disabled",
 		cfg:      localproxy.Config{KeepAlive: -1, UserTimeout: -1, UpstreamKeepAlive: -1, UpstreamUserTimeout: -1},
-		client:   tcpOpts{},
-		upstream: tcpOpts{},
+		client:   tcpOpts{NoDelay: true},
+		upstream: tcpOpts{NoDelay: true},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			echo := newEcho(t)
@@ -125,6 +137,7 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			require.Len(t, ends, 1)
 			require.Equal(t, c.LocalAddr().String(), ends[0].ClientAddr.String(), "not this test's client socket")
 			require.Equal(t, echo.addr(), ends[0].UpstreamAddr.String(), "not the upstream socket")
+			assert.Equal(t, tc.onLoop || tc.cfg.Listen == nil, ends[0].Client == nil, "accepted by the loop")
 
 			read := func(side int, nc net.Conn) (tcpOpts, error) {
 				if ends[0].OnLoop {

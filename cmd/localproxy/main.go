@@ -104,6 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		var byAddr map[string]net.Listener
 		if byAddr, err = inheritedListeners(fds, cfg.ListenAddresses, func(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name) }); err == nil {
 			cfg.Listen = listenInherited(byAddr)
+			cfg.ListenersOwned = true // the event loop accepts on them
 			defer func() {
 				for _, ln := range byAddr { // those Run did not take
 					ln.Close()
