@@ -94,24 +94,40 @@ func (d *Dialer) TuneFD(fd int) error {
 	return TuneTCPFD(fd, OrDefault(d.KeepAlive, DefaultKeepAlive), OrDefault(d.UserTimeout, DefaultUserTimeout))
 }
 
+// Timeouts are AttemptTimeout and Timeout with their defaults: what
+// bounds one attempt, and a whole DialAny.
+func (d *Dialer) Timeouts() (attempt, dial time.Duration) {
+	return OrDefault(d.AttemptTimeout, DefaultAttemptTimeout), OrDefault(d.Timeout, DefaultDialTimeout)
+}
+
 // Opened counts a connection to addr the caller connected itself, as
 // DialAny counts its own (upstream.Pool.ConnOpened); closing the
 // returned Closer, once or more, stops counting it.
-func (d *Dialer) Opened(addr string) io.Closer {
-	d.Pool.ConnOpened(addr)
-	return &counted{addr: addr, pool: d.Pool}
-}
+func (d *Dialer) Opened(addr string) io.Closer { return d.count(addr, nil) }
 
-// counted is a connection Opened counts.
+// counted is a connection to addr the pool counts until Close, which
+// closes conn too, if set, once.
 type counted struct {
 	addr string
 	pool *upstream.Pool
+	conn io.Closer
 	once sync.Once
+	err  error
+}
+
+func (d *Dialer) count(addr string, conn io.Closer) *counted {
+	d.Pool.ConnOpened(addr)
+	return &counted{addr: addr, pool: d.Pool, conn: conn}
 }
 
 func (c *counted) Close() error {
-	c.once.Do(func() { c.pool.ConnClosed(c.addr) })
-	return nil
+	c.once.Do(func() {
+		if c.conn != nil {
+			c.err = c.conn.Close()
+		}
+		c.pool.ConnClosed(c.addr)
+	})
+	return c.err
 }
 
 // ReportDialFailure reports a failed connect to addr, as an attempt of
@@ -134,31 +150,21 @@ func OrDefault(v, def time.Duration) time.Duration {
 // is closed.
 type TrackedConn struct {
 	net.Conn
-	addr  string
-	pool  *upstream.Pool
-	once  sync.Once
-	close error
+	n *counted
 }
 
 // Endpoint returns the pool address the connection goes to.
-func (c *TrackedConn) Endpoint() string { return c.addr }
+func (c *TrackedConn) Endpoint() string { return c.n.addr }
 
 // NetConn returns the underlying connection (a *net.TCPConn for TCP), for
 // splicing.
 func (c *TrackedConn) NetConn() net.Conn { return c.Conn }
 
 // Close closes the connection; the pool stops counting it.
-func (c *TrackedConn) Close() error {
-	c.once.Do(func() {
-		c.close = c.Conn.Close()
-		c.pool.ConnClosed(c.addr)
-	})
-	return c.close
-}
+func (c *TrackedConn) Close() error { return c.n.Close() }
 
 func (d *Dialer) track(addr string, nc net.Conn) *TrackedConn {
-	d.Pool.ConnOpened(addr)
-	return &TrackedConn{Conn: nc, addr: addr, pool: d.Pool}
+	return &TrackedConn{Conn: nc, n: d.count(addr, nc)}
 }
 
 type dialResult struct {
@@ -177,7 +183,8 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	if len(candidates) == 0 {
 		return nil, "", fmt.Errorf("%w: %w", ErrUnreachable, upstream.ErrNoEndpoints)
 	}
-	ctx, cancel := context.WithTimeout(ctx, OrDefault(d.Timeout, DefaultDialTimeout))
+	_, timeout := d.Timeouts()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	results := make(chan dialResult, len(candidates))
 	next, inflight := 0, 0
@@ -254,7 +261,8 @@ func (d *Dialer) attempt(ctx context.Context, addr string, results chan<- dialRe
 // handshaking TLS when TLSConfig is set. Failures other than cancellation
 // are reported to the pool.
 func (d *Dialer) DialEndpoint(ctx context.Context, addr string) (net.Conn, error) {
-	actx, cancel := context.WithTimeout(ctx, OrDefault(d.AttemptTimeout, DefaultAttemptTimeout))
+	attempt, _ := d.Timeouts()
+	actx, cancel := context.WithTimeout(ctx, attempt)
 	defer cancel()
 	// Keepalive is set by TuneTCP below, TCP_USER_TIMEOUT before the
 	// connect so that it bounds the handshake's retransmissions too.
