@@ -267,16 +267,7 @@ func (p *poller) addListener(l *loopListener) error {
 	l.id = p.next
 	p.lns[l.id] = l
 	p.mu.Unlock()
-	key := l.id << 1
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(uint32(key)), Pad: int32(uint32(key >> 32))}
-	p.fds.RLock()
-	err := error(nil)
-	if p.closed {
-		err = errors.New("poller closed")
-	} else if e := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, l.fd, &ev); e != nil {
-		err = os.NewSyscallError("epoll_ctl", e)
-	}
-	p.fds.RUnlock()
+	err := p.addFD(l.fd, l.id<<1, unix.EPOLLIN|unix.EPOLLET)
 	if err != nil {
 		p.mu.Lock()
 		delete(p.lns, l.id)
@@ -366,11 +357,12 @@ func (p *poller) ctl(rc syscall.RawConn, op func(epfd, fd int) error) error {
 // reading (urgent data too) and writing, edge triggered, under key. A socket that is
 // ready already is reported at once.
 func (p *poller) register(fd int, key uint64) error {
-	ev := unix.EpollEvent{
-		Events: unix.EPOLLIN | unix.EPOLLPRI | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET,
-		Fd:     int32(uint32(key)),
-		Pad:    int32(uint32(key >> 32)),
-	}
+	return p.addFD(fd, key, unix.EPOLLIN|unix.EPOLLPRI|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET)
+}
+
+// addFD adds fd to the epoll set for events, under key.
+func (p *poller) addFD(fd int, key uint64, events uint32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(uint32(key)), Pad: int32(uint32(key >> 32))}
 	p.fds.RLock()
 	defer p.fds.RUnlock()
 	if p.closed {

@@ -172,7 +172,8 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
 		if err == nil {
-			err = writeHeader(c.upRaw, hdr, time.Now().Add(endpoint.OrDefault(p.cfg.AttemptTimeout, endpoint.DefaultAttemptTimeout)))
+			attempt, _ := p.dialer.Timeouts()
+			err = writeHeader(c.upRaw, hdr, time.Now().Add(attempt))
 		}
 		if err != nil {
 			p.log.Info("sending the PROXY protocol header failed", "endpoint", addr, "err", err.Error())

@@ -56,7 +56,7 @@ func TestDialTimerStartsTheNextForATimedOutAttempt(t *testing.T) {
 	now := time.Now()
 	c.dial = &loopDial{
 		cands: []string{"a", "b", ap.String()}, addrs: []netip.AddrPort{ap, ap, ap},
-		next: 2, started: true, deadline: now.Add(time.Minute), staggerAt: now.Add(time.Minute),
+		next: 2, started: true, attempt: time.Second, deadline: now.Add(time.Minute), staggerAt: now.Add(time.Minute),
 		tries: []loopTry{
 			{addr: "a", ap: ap, fd: socketFD(t), id: c.id, start: now.Add(-2 * time.Second)},
 			{addr: "b", ap: ap, fd: socketFD(t), id: c.p.poll.add(c), start: now},

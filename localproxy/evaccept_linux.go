@@ -205,10 +205,19 @@ func (p *Proxy) takeLoopConn(l *loopListener, fd int, sa unix.Sockaddr) {
 // tuneClientFD is tuneClient of an accepted socket the loop holds, with
 // TCP_NODELAY, which Go's accept would have set.
 func tuneClientFD(fd int, keepAlive, userTimeout time.Duration) error {
+	if err := setNoDelayFD(fd); err != nil {
+		return err
+	}
+	return endpoint.TuneTCPFD(fd, keepAlive, userTimeout)
+}
+
+// setNoDelayFD sets TCP_NODELAY on the socket fd, as Go does on the
+// connections it accepts and dials.
+func setNoDelayFD(fd int) error {
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return os.NewSyscallError("setsockopt TCP_NODELAY", err)
 	}
-	return endpoint.TuneTCPFD(fd, keepAlive, userTimeout)
+	return nil
 }
 
 // tcpAddrOf is a socket address as Go's accept reports it.
@@ -243,6 +252,8 @@ type loopDial struct {
 	firstFailed, started bool
 	// mark is the registry's (Begin), round the hold-off's.
 	mark, round uint64
+	// attempt bounds each attempt (Dialer.Timeouts).
+	attempt time.Duration
 	// deadline ends the whole dial; staggerAt starts the next candidate
 	// (zero: none to start).
 	deadline, staggerAt time.Time
@@ -302,10 +313,11 @@ func (p *Proxy) dialOnLoop(c *conn, fd int) {
 		addrs[i] = ap
 	}
 	now := time.Now()
+	attempt, timeout := p.dialer.Timeouts()
 	d := &loopDial{
 		cands: cands, addrs: addrs,
 		mark: p.upstreams.Begin(), round: p.hold.Round(),
-		deadline: now.Add(endpoint.OrDefault(p.cfg.DialTimeout, endpoint.DefaultDialTimeout)),
+		attempt: attempt, deadline: now.Add(timeout),
 	}
 	d.timer.fire = c.dialTimer
 	p.pipes.Add(1) // done by finish, as for a connection that pipes
@@ -397,9 +409,8 @@ func (c *conn) startOneLocked(now time.Time, end *dialEnd) {
 func (c *conn) armDialLocked(now time.Time) {
 	d := c.dial
 	at := d.deadline
-	attempt := endpoint.OrDefault(c.p.cfg.AttemptTimeout, endpoint.DefaultAttemptTimeout)
 	for _, t := range d.tries {
-		if e := t.start.Add(attempt); e.Before(at) {
+		if e := t.start.Add(d.attempt); e.Before(at) {
 			at = e
 		}
 	}
@@ -435,7 +446,7 @@ func (p *Proxy) openTry(ap netip.AddrPort) (int, error) {
 	if err := p.dialer.TuneFD(fd); err != nil {
 		p.log.V(2).Info("setting keepalive failed", "endpoint", ap.String(), "err", err.Error())
 	}
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+	if err := setNoDelayFD(fd); err != nil {
 		p.log.V(2).Info("setting TCP_NODELAY failed", "endpoint", ap.String(), "err", err.Error())
 	}
 	switch err := unix.Connect(fd, sa); err {
@@ -512,9 +523,10 @@ func (c *conn) onDialEvent(id uint64, events uint32) {
 	}
 }
 
-// dialTimer is the dial's timer: attempts past AttemptTimeout fail, the
-// next candidate starts at the stagger, and the whole dial fails at its
-// deadline.
+// dialTimer is the dial's timer: attempts past AttemptTimeout fail and
+// start the next candidate, as failed ones do, the next candidate starts
+// at the stagger, and at the whole dial's deadline every attempt fails
+// and nothing starts (advanceLocked), which fails the dial.
 func (c *conn) dialTimer(now time.Time) {
 	var end dialEnd
 	c.mu.Lock()
@@ -523,28 +535,20 @@ func (c *conn) dialTimer(now time.Time) {
 		c.mu.Unlock()
 		return
 	}
-	if !now.Before(d.deadline) {
-		for _, t := range d.tries {
-			c.closeTry(t)
-			c.tryFailedLocked(d, t, dialError(t.ap, context.DeadlineExceeded), now, &end)
-		}
-		d.tries = nil
-		d.next = len(d.cands)
-		c.dialFailedLocked(&end)
-		c.mu.Unlock()
-		c.dialEnded(end)
-		return
-	}
-	attempt := endpoint.OrDefault(c.p.cfg.AttemptTimeout, endpoint.DefaultAttemptTimeout)
+	over := !now.Before(d.deadline)
 	kept := d.tries[:0]
 	start := 0
 	for _, t := range d.tries {
-		if now.Sub(t.start) < attempt {
+		err := os.ErrDeadlineExceeded
+		switch {
+		case over:
+			err = context.DeadlineExceeded
+		case now.Sub(t.start) < d.attempt:
 			kept = append(kept, t)
 			continue
 		}
 		c.closeTry(t)
-		c.tryFailedLocked(d, t, dialError(t.ap, os.ErrDeadlineExceeded), now, &end)
+		c.tryFailedLocked(d, t, dialError(t.ap, err), now, &end)
 		start++ // as a failed attempt
 	}
 	d.tries = kept
@@ -730,11 +734,8 @@ func (c *conn) closeDial(d *loopDial) {
 // Go's accept, which would set it on each.
 func setNoDelay(rc syscall.RawConn) error {
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { serr = setNoDelayFD(int(fd)) }); err != nil {
 		return err
 	}
-	if serr != nil {
-		return os.NewSyscallError("setsockopt TCP_NODELAY", serr)
-	}
-	return nil
+	return serr
 }

@@ -39,8 +39,9 @@ type evConn struct {
 	// upstream's (1).
 	fds  [2]int
 	dirs [2]evDir
-	// upID is the id of the upstream's key when c was dialed on the
-	// loop with an id of its own (a later attempt won); 0: c.id's.
+	// upID is the id of the upstream socket's key for a connection
+	// dialed on the loop: c.id, or a later attempt's own; 0 for one
+	// handed to the loop (toLoop), whose key is c.id's.
 	upID uint64
 }
 
