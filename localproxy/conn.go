@@ -168,7 +168,9 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 		return false
 	}
 	endMark()
-	p.log.V(4).Info("connected", "client", c.clientName(), "endpoint", addr)
+	if l := p.log.V(4); l.Enabled() { // clientName formats an address
+		l.Info("connected", "client", c.clientName(), "endpoint", addr)
+	}
 	if p.cfg.ProxyProtocol != ProxyProtocolNone {
 		hdr, err := proxyHeader(p.cfg.ProxyProtocol, c.client.RemoteAddr(), c.client.LocalAddr())
 		if err == nil {

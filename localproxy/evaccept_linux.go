@@ -658,7 +658,9 @@ func (c *conn) dialEnded(end dialEnd) bool {
 		c.finish()
 		return false
 	}
-	p.log.V(4).Info("connected", "client", c.clientName(), "endpoint", end.won.addr)
+	if l := p.log.V(4); l.Enabled() { // clientName formats an address
+		l.Info("connected", "client", c.clientName(), "endpoint", end.won.addr)
+	}
 	return c.startLoop()
 }
 
