@@ -29,7 +29,7 @@ func hungListener(t *testing.T) string {
 	require.NoError(t, unix.Listen(fd, 0)) // room for one connection
 	sa, err := unix.Getsockname(fd)
 	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", itoa(sa.(*unix.SockaddrInet4).Port))
+	addr := (&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*unix.SockaddrInet4).Port}).String()
 	first, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	require.NoError(t, err, "the connection that fills the queue")
 	t.Cleanup(func() { first.Close() })
@@ -39,8 +39,6 @@ func hungListener(t *testing.T) string {
 	}
 	return addr
 }
-
-func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
 
 // Connections to the proxy's own listeners are accepted and dialed on the
 // loop: no net.Conn on either side.
