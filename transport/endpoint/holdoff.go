@@ -62,8 +62,13 @@ func (h *Holdoff) Round() uint64 {
 
 // Failed reports that the dial begun at round failed on every endpoint: it
 // starts a holdoff, unless the holdoff was ended since round began (an
-// endpoint came back or another dial succeeded meanwhile).
+// endpoint came back or another dial succeeded meanwhile), or err is this
+// host's own shortage (upstream.IsLocalError: out of descriptors or
+// memory), which says nothing of the endpoints.
 func (h *Holdoff) Failed(round uint64, err error) {
+	if upstream.IsLocalError(err) {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if round != h.ended {

@@ -2,6 +2,10 @@ package endpoint_test
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -49,6 +53,16 @@ func TestHoldoff(t *testing.T) {
 	none := endpoint.Holdoff{Duration: -1}
 	none.Failed(none.Round(), down)
 	assert.NoError(t, none.Err())
+
+	// A round that failed because this host is out of descriptors (as
+	// DialAny joins its attempts' errors) tried no endpoint: no holdoff,
+	// which would tell the next clients that every endpoint refused.
+	var local endpoint.Holdoff
+	emfile := errors.Join(
+		fmt.Errorf("10.0.0.1:6443: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}),
+		fmt.Errorf("10.0.0.2:6443: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}))
+	local.Failed(local.Round(), emfile)
+	assert.NoError(t, local.Err(), "a round that failed for want of descriptors held new dials off")
 }
 
 // A caller that dials every endpoint unless a holdoff is in force, as both
