@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -34,9 +35,76 @@ func (f *acceptFailure) setErr(err error) {
 	f.mu.Unlock()
 }
 
+// shortage is a run of dials that failed for want of a descriptor or of
+// memory on this host (upstream.IsLocalError), begun after the last dial
+// that connected. Accepting backs off during it as after a failed
+// accept, so that clients wait in the listen backlog for descriptors to
+// come free instead of being accepted and closed in a loop.
+type shortage struct {
+	until atomic.Int64 // UnixNano: accept nothing before; 0 outside a run
+	mu    sync.Mutex   // guards the fields below
+	delay time.Duration
+	since time.Time
+	err   error // the latest
+}
+
+// shortOf records that c's dial failed with err, this host's own
+// shortage: accepting backs off, doubling from minAcceptBackoff up to
+// maxAcceptBackoff, and c is counted as rejected for local_resources.
+func (p *Proxy) shortOf(c *conn, err error) {
+	s := &p.short
+	now := time.Now()
+	s.mu.Lock()
+	first := s.since.IsZero()
+	if first {
+		s.since = now
+	}
+	s.err = err
+	s.delay = min(max(2*s.delay, minAcceptBackoff), maxAcceptBackoff)
+	delay := s.delay
+	s.until.Store(now.Add(delay).UnixNano())
+	s.mu.Unlock()
+	p.m.rejected.WithLabelValues("local_resources").Inc()
+	log := p.log.V(1)
+	if first {
+		log = p.log
+	}
+	log.Info("out of descriptors or memory for a connection to an API server; accepting backs off",
+		"client", c.clientName(), "err", err.Error(), "delay", delay)
+}
+
+// dialed ends a shortage, if any: a dial connected.
+func (p *Proxy) dialed() {
+	s := &p.short
+	if s.until.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.delay, s.since, s.err = 0, time.Time{}, nil
+	s.until.Store(0)
+	s.mu.Unlock()
+}
+
+// acceptPaused returns when accepting may resume in a shortage, zero if
+// it may now.
+func (p *Proxy) acceptPaused() time.Time {
+	if u := p.short.until.Load(); u != 0 && time.Now().UnixNano() < u {
+		return time.Unix(0, u)
+	}
+	return time.Time{}
+}
+
 // stuckAccepting returns an error naming a listener whose Accept has
-// failed for acceptStuckAfter or longer without a success, nil if none.
+// failed for acceptStuckAfter or longer without a success, or a shortage
+// of as long, nil if none.
 func (p *Proxy) stuckAccepting(now time.Time) error {
+	s := &p.short
+	s.mu.Lock()
+	since, err := s.since, s.err
+	s.mu.Unlock()
+	if d := now.Sub(since); !since.IsZero() && d >= acceptStuckAfter {
+		return fmt.Errorf("no connection to an API server could be opened for %v for want of local resources: %w", d.Round(time.Second), err)
+	}
 	var stuck error
 	p.acceptFailing.Range(func(_, v any) bool {
 		f := v.(*acceptFailure)
@@ -65,22 +133,31 @@ func (p *Proxy) acceptLoop(ctx context.Context, ln net.Listener) {
 			timer.Stop()
 		}
 	}()
+	wait := func(d time.Duration) bool {
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		}
+	}
 	for {
+		if at := p.acceptPaused(); !at.IsZero() && !wait(time.Until(at)) {
+			return
+		}
 		nc, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			delay = p.acceptFailed(ln, err, delay)
-			if timer == nil {
-				timer = time.NewTimer(delay)
-			} else {
-				timer.Reset(delay)
-			}
-			select {
-			case <-ctx.Done():
+			if !wait(delay) {
 				return
-			case <-timer.C:
 			}
 			continue
 		}

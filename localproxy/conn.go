@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
 )
 
 // conn is one client connection and, once dialed, its upstream.
@@ -125,6 +126,18 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 	c.pipe(p.fb.watch(c.addr))
 }
 
+// notDialed counts and logs c's dial that failed on every candidate, err
+// joining the attempts' errors: for no_endpoint, or as this host's own
+// shortage (shortOf).
+func (p *Proxy) notDialed(c *conn, err error) {
+	if upstream.IsLocalError(err) {
+		p.shortOf(c, err)
+		return
+	}
+	p.m.rejected.WithLabelValues("no_endpoint").Inc()
+	p.log.Info("no endpoint accepted the connection", "client", c.clientName(), "err", err.Error())
+}
+
 // connect dials an upstream for c, registers it and sends the PROXY
 // protocol header. It returns false when c is to be closed.
 func (p *Proxy) connect(ctx context.Context, c *conn) bool {
@@ -147,11 +160,11 @@ func (p *Proxy) connect(ctx context.Context, c *conn) bool {
 		if ctx.Err() == nil {
 			p.hold.Failed(round, err)
 		}
-		p.m.rejected.WithLabelValues("no_endpoint").Inc()
-		p.log.Info("no endpoint accepted the connection", "client", c.clientName(), "err", err.Error())
+		p.notDialed(c, err)
 		return false
 	}
 	p.hold.End()
+	p.dialed()
 	if len(cands) > 0 && addr != cands[0] {
 		p.m.failovers.WithLabelValues("dial").Inc()
 	}

@@ -151,6 +151,11 @@ func (l *loopListener) acceptAll() {
 			p.poll.at(&l.timer, time.Now())
 			return
 		}
+		if at := p.acceptPaused(); !at.IsZero() {
+			l.retryAt = at // as after a failed accept; resume accepts
+			p.poll.at(&l.timer, at)
+			return
+		}
 		fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 		switch err {
 		case nil:
@@ -635,8 +640,7 @@ func (c *conn) dialEnded(end dialEnd) bool {
 	case end.failed != nil:
 		p.hold.Failed(d.round, end.failed)
 		p.upstreams.End()
-		p.m.rejected.WithLabelValues("no_endpoint").Inc()
-		p.log.Info("no endpoint accepted the connection", "client", c.clientName(), "err", end.failed.Error())
+		p.notDialed(c, end.failed)
 		c.close()
 		c.finish()
 		return false
@@ -647,6 +651,7 @@ func (c *conn) dialEnded(end dialEnd) bool {
 		p.pool.ReportDialRace(d.cands[0], end.firstWon)
 	}
 	p.hold.End()
+	p.dialed()
 	if end.won.addr != d.cands[0] {
 		p.m.failovers.WithLabelValues("dial").Inc()
 	}

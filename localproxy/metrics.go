@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 		}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "connections_rejected_total",
-			Help: "Client connections closed without being proxied, by reason: max_connections (the limit was reached), no_endpoint (no endpoint accepted the connection), holdoff (every endpoint refused within the last 250ms, so no dial was tried).",
+			Help: "Client connections closed without being proxied, by reason: max_connections (the limit was reached), no_endpoint (no endpoint accepted the connection), holdoff (every endpoint refused within the last 250ms, so no dial was tried), local_resources (this host had no descriptor or memory for the connection to an API server; accepting backs off).",
 		}, []string{"reason"}),
 		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "accept_errors_total",

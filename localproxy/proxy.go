@@ -90,6 +90,7 @@ type Proxy struct {
 	// acceptFailing holds, per accept loop in a run of failed Accepts, the
 	// listener's address and when the run began (*acceptFailure).
 	acceptFailing sync.Map
+	short         shortage     // of descriptors or memory for upstream sockets
 	active        atomic.Int64 // open client connections
 	stopping      atomic.Bool  // shutdown began
 
