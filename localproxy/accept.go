@@ -37,16 +37,29 @@ func (f *acceptFailure) setErr(err error) {
 
 // shortage is a run of dials that failed for want of a descriptor or of
 // memory on this host (upstream.IsLocalError), begun after the last dial
-// that connected. Accepting backs off during it as after a failed
-// accept, so that clients wait in the listen backlog for descriptors to
-// come free instead of being accepted and closed in a loop.
+// that connected or failed for the endpoints' own reasons. Accepting
+// backs off during it as after a failed accept, so that clients wait in
+// the listen backlog for descriptors to come free instead of being
+// accepted and closed in a loop.
 type shortage struct {
-	until atomic.Int64 // UnixNano: accept nothing before; 0 outside a run
-	mu    sync.Mutex   // guards the fields below
+	// until is when accepting may resume, as time since monoBase (a
+	// monotonic reading: a step of the wall clock moves no pause); 0
+	// outside a run.
+	until atomic.Int64
+	mu    sync.Mutex // guards the fields below
 	delay time.Duration
-	since time.Time
-	err   error // the latest
+	since time.Time // the run's first failure
+	last  time.Time // its latest
+	err   error     // the latest's
 }
+
+// monoBase is the origin of shortage.until.
+var monoBase = time.Now()
+
+// shortageOngoing is how recent a run's latest failure must be for the
+// run to fail /healthz once it is acceptStuckAfter old: a shortage that
+// stopped (its clients gave up, or none came since) is not one.
+const shortageOngoing = 5 * maxAcceptBackoff
 
 // shortOf records that c's dial failed with err, this host's own
 // shortage: accepting backs off, doubling from minAcceptBackoff up to
@@ -59,10 +72,10 @@ func (p *Proxy) shortOf(c *conn, err error) {
 	if first {
 		s.since = now
 	}
-	s.err = err
+	s.last, s.err = now, err
 	s.delay = min(max(2*s.delay, minAcceptBackoff), maxAcceptBackoff)
 	delay := s.delay
-	s.until.Store(now.Add(delay).UnixNano())
+	s.until.Store(int64(now.Sub(monoBase) + delay))
 	s.mu.Unlock()
 	p.m.rejected.WithLabelValues("local_resources").Inc()
 	log := p.log.V(1)
@@ -73,14 +86,15 @@ func (p *Proxy) shortOf(c *conn, err error) {
 		"client", c.clientName(), "err", err.Error(), "delay", delay)
 }
 
-// dialed ends a shortage, if any: a dial connected.
+// dialed ends a shortage, if any: a dial connected, or failed for the
+// endpoints' own reasons (its sockets could be opened).
 func (p *Proxy) dialed() {
 	s := &p.short
 	if s.until.Load() == 0 {
 		return
 	}
 	s.mu.Lock()
-	s.delay, s.since, s.err = 0, time.Time{}, nil
+	s.delay, s.since, s.last, s.err = 0, time.Time{}, time.Time{}, nil
 	s.until.Store(0)
 	s.mu.Unlock()
 }
@@ -88,21 +102,25 @@ func (p *Proxy) dialed() {
 // acceptPaused returns when accepting may resume in a shortage, zero if
 // it may now.
 func (p *Proxy) acceptPaused() time.Time {
-	if u := p.short.until.Load(); u != 0 && time.Now().UnixNano() < u {
-		return time.Unix(0, u)
+	u := p.short.until.Load()
+	if u == 0 {
+		return time.Time{}
+	}
+	if at := monoBase.Add(time.Duration(u)); time.Now().Before(at) {
+		return at
 	}
 	return time.Time{}
 }
 
 // stuckAccepting returns an error naming a listener whose Accept has
 // failed for acceptStuckAfter or longer without a success, or a shortage
-// of as long, nil if none.
+// as old that goes on, nil if none.
 func (p *Proxy) stuckAccepting(now time.Time) error {
 	s := &p.short
 	s.mu.Lock()
-	since, err := s.since, s.err
+	since, last, err := s.since, s.last, s.err
 	s.mu.Unlock()
-	if d := now.Sub(since); !since.IsZero() && d >= acceptStuckAfter {
+	if d := now.Sub(since); !since.IsZero() && d >= acceptStuckAfter && now.Sub(last) < shortageOngoing {
 		return fmt.Errorf("no connection to an API server could be opened for %v for want of local resources: %w", d.Round(time.Second), err)
 	}
 	var stuck error

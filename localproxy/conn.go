@@ -127,13 +127,14 @@ func (p *Proxy) serve(ctx context.Context, c *conn) {
 }
 
 // notDialed counts and logs c's dial that failed on every candidate, err
-// joining the attempts' errors: for no_endpoint, or as this host's own
-// shortage (shortOf).
+// joining the attempts' errors: for no_endpoint, or, if one of them is,
+// as this host's own shortage (shortOf).
 func (p *Proxy) notDialed(c *conn, err error) {
 	if upstream.IsLocalError(err) {
 		p.shortOf(c, err)
 		return
 	}
+	p.dialed() // its sockets could be opened
 	p.m.rejected.WithLabelValues("no_endpoint").Inc()
 	p.log.Info("no endpoint accepted the connection", "client", c.clientName(), "err", err.Error())
 }

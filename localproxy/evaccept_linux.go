@@ -344,7 +344,11 @@ func (p *Proxy) serveFromLoop(c *conn, fd int) {
 	nc, err := net.FileConn(f) // a duplicate, registered with Go's poller
 	f.Close()
 	if err != nil {
-		p.log.Info("closing a client connection: it cannot be handed to a goroutine", "client", c.clientName(), "err", err.Error())
+		if upstream.IsLocalError(err) {
+			p.shortOf(c, err)
+		} else {
+			p.log.Info("closing a client connection: it cannot be handed to a goroutine", "client", c.clientName(), "err", err.Error())
+		}
 		p.forget(c)
 		return
 	}
