@@ -1,0 +1,71 @@
+package localproxy
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// connectedFD is a non-blocking TCP socket connected to a listener of
+// the test's, and the listener's side of the connection.
+func connectedFD(t *testing.T) (int, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer ln.Close()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	a := ln.Addr().(*net.TCPAddr)
+	require.NoError(t, unix.Connect(fd, &unix.SockaddrInet4{Port: a.Port, Addr: [4]byte(a.IP.To4())}))
+	require.NoError(t, unix.SetNonblock(fd, true))
+	peer, err := ln.AcceptTCP()
+	require.NoError(t, err)
+	t.Cleanup(func() { peer.Close() })
+	return fd, peer
+}
+
+// The upstream ends before its first byte (EOF) and passing that end on
+// to a client that has reset fails (shutdown: ENOTCONN), in one step of
+// the loop. The first-byte watch is told the read's outcome, an end
+// without a byte, not the shutdown's error: that is the client's doing
+// and says nothing of the endpoint, which must not be counted silent.
+func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	p, err := New(Config{Endpoints: []string{upstream.LocalAddr().String()}, Registry: prometheus.NewRegistry(), FirstByteTimeout: time.Minute})
+	require.NoError(t, err)
+	poll, err := newPollerMode(true)
+	require.NoError(t, err)
+	p.pollInit.Do(func() { p.poll = poll })
+	t.Cleanup(poll.closeFDs)
+	c := &conn{p: p, addr: upstream.LocalAddr().String()}
+	c.id = poll.add(c)
+	c.ev = &evConn{fds: [2]int{clientFD, upFD}}
+	c.fb = p.fb.watch(c.addr)
+	require.NotNil(t, c.fb, "no first-byte watch")
+	c.fb.sent(flightHello) // the client's TLS hello went upstream
+
+	require.NoError(t, client.SetLinger(0))
+	client.Close() // a reset
+	upstream.Close()
+	for _, fd := range []int{clientFD, upFD} { // both arrived
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		_, err := unix.Poll(fds, 5000)
+		require.NoError(t, err)
+		require.NotZero(t, fds[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR), "fd %d not ready", fd)
+	}
+
+	c.step(toClient, stepReadable)
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	require.True(t, closed, "the failed shutdown did not close the connection: the test proves nothing")
+	var m dto.Metric
+	require.NoError(t, p.m.silent.Write(&m))
+	require.Zero(t, m.GetCounter().GetValue(), "the client's reset counted the endpoint silent")
+}
