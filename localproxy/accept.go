@@ -37,7 +37,8 @@ func (f *acceptFailure) setErr(err error) {
 
 // shortage is a run of dials that failed for want of a descriptor or of
 // memory on this host (upstream.IsLocalError), begun after the last dial
-// that connected or failed for the endpoints' own reasons. Accepting
+// that connected or failed for the endpoints' own reasons, or after
+// shortageOngoing without such a failure. Accepting
 // backs off during it as after a failed accept, so that clients wait in
 // the listen backlog for descriptors to come free instead of being
 // accepted and closed in a loop.
@@ -68,9 +69,11 @@ func (p *Proxy) shortOf(c *conn, err error) {
 	s := &p.short
 	now := time.Now()
 	s.mu.Lock()
-	first := s.since.IsZero()
+	// A run whose latest failure is older than shortageOngoing stopped:
+	// this one begins a new run, with the least pause.
+	first := s.since.IsZero() || now.Sub(s.last) >= shortageOngoing
 	if first {
-		s.since = now
+		s.since, s.delay = now, 0
 	}
 	s.last, s.err = now, err
 	s.delay = min(max(2*s.delay, minAcceptBackoff), maxAcceptBackoff)

@@ -52,9 +52,14 @@ func TestShortageBacksOffAndFailsLiveness(t *testing.T) {
 		for _, s := range []string{"for want of local resources", "too many open files"} {
 			assert.True(t, strings.Contains(err.Error(), s), "%q does not say %q", err, s)
 		}
-		// One that stopped: no failed dial for shortageOngoing.
+		// One that stopped: no failed dial for shortageOngoing. The next
+		// failure begins a new run, with the least pause.
 		time.Sleep(shortageOngoing)
 		assert.NoError(t, p.stuckAccepting(time.Now()), "a shortage that stopped")
+		time.Sleep(10 * time.Minute)
+		p.shortOf(c, emfile)
+		assert.NoError(t, p.stuckAccepting(time.Now()), "a failure after a quiet while continued the old run")
+		assert.Equal(t, minAcceptBackoff, time.Until(p.acceptPaused()), "a failure after a quiet while paused as long as the old run's")
 
 		p.dialed()
 		p.shortOf(c, emfile)
