@@ -21,6 +21,13 @@ const (
 	acceptStuckAfter = 30 * time.Second
 )
 
+// nextAcceptBackoff is the accept backoff after delay (0: none yet), for
+// a failed accept and a shortage alike: doubling from minAcceptBackoff up
+// to maxAcceptBackoff.
+func nextAcceptBackoff(delay time.Duration) time.Duration {
+	return min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
+}
+
 // acceptFailure is a run of failed Accepts on one listener.
 type acceptFailure struct {
 	addr  string
@@ -76,7 +83,7 @@ func (p *Proxy) shortOf(c *conn, err error) {
 		s.since, s.delay = now, 0
 	}
 	s.last, s.err = now, err
-	s.delay = min(max(2*s.delay, minAcceptBackoff), maxAcceptBackoff)
+	s.delay = nextAcceptBackoff(s.delay)
 	delay := s.delay
 	s.until.Store(int64(now.Sub(monoBase) + delay))
 	s.mu.Unlock()
@@ -205,7 +212,7 @@ func (p *Proxy) acceptFailed(ln net.Listener, err error, delay time.Duration) ti
 	} else if f, ok := p.acceptFailing.Load(ln); ok {
 		f.(*acceptFailure).setErr(err)
 	}
-	delay = min(max(2*delay, minAcceptBackoff), maxAcceptBackoff)
+	delay = nextAcceptBackoff(delay)
 	p.m.acceptErrors.Inc()
 	p.log.V(1).Info("accept failed; backing off", "addr", ln.Addr().String(), "err", err.Error(), "delay", delay)
 	return delay
