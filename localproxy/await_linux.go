@@ -258,6 +258,9 @@ func (p *poller) add(c *conn) uint64 {
 // at arms t, a loop timer, for when; the poller's goroutine only.
 func (p *poller) at(t *loopTimer, when time.Time) { p.timers.at(t, when) }
 
+// stop disarms t, a loop timer; the poller's goroutine only.
+func (p *poller) stop(t *loopTimer) { p.timers.stop(t) }
+
 // addListener registers l's socket, edge triggered, for its
 // connections; a listener with connections queued already is reported
 // at once.

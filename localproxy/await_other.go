@@ -20,6 +20,7 @@ func (*poller) close()                   {}
 func (*poller) add(*conn) uint64         { return 0 }
 func (*poller) remove(uint64)            {}
 func (*poller) at(*loopTimer, time.Time) {}
+func (*poller) stop(*loopTimer)          {}
 func (*poller) arm(*direction, uint64) error {
 	return errors.ErrUnsupported
 }

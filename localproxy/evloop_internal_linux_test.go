@@ -69,3 +69,49 @@ func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
 	require.NoError(t, p.m.silent.Write(&m))
 	require.Zero(t, m.GetCounter().GetValue(), "the client's reset counted the endpoint silent")
 }
+
+// A loop connection's first-byte deadline is the poller's timer; the
+// upstream's first byte, or its failure before one, disarms it. Left
+// armed until it passed, it would keep a quiet poller's wait bounded by
+// it (planWait), for nothing.
+func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(*net.TCPConn)
+	}{
+		{"a byte", func(up *net.TCPConn) { up.Write([]byte{1}) }},
+		{"a reset", func(up *net.TCPConn) { up.SetLinger(0); up.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clientFD, _ := connectedFD(t)
+			upFD, upstream := connectedFD(t)
+			p, err := New(Config{Endpoints: []string{upstream.LocalAddr().String()}, Registry: prometheus.NewRegistry(), FirstByteTimeout: time.Minute})
+			require.NoError(t, err)
+			poll, err := newPollerMode(true)
+			require.NoError(t, err)
+			p.pollInit.Do(func() { p.poll = poll })
+			t.Cleanup(poll.closeFDs)
+			c := &conn{p: p, addr: upstream.LocalAddr().String()}
+			c.id = poll.add(c)
+			c.ev = &evConn{fds: [2]int{clientFD, upFD}}
+			t.Cleanup(c.close) // closes both sockets, once
+			for side := range c.dirs {
+				c.dirs[side].c, c.dirs[side].side = c, side
+			}
+			c.fb = p.fb.watch(c.addr)
+			require.NotNil(t, c.fb, "no first-byte watch")
+			c.fb.loop = poll
+			c.fb.sent(flightHello)
+			require.Len(t, poll.timers, 1, "sent armed no deadline on the loop: the test proves nothing")
+
+			tc.answer(upstream)
+			fds := []unix.PollFd{{Fd: int32(upFD), Events: unix.POLLIN}}
+			_, err = unix.Poll(fds, 5000)
+			require.NoError(t, err)
+			require.NotZero(t, fds[0].Revents, "the answer did not arrive")
+			c.step(toClient, stepReadable)
+			require.Nil(t, c.fb, "the watch was not settled")
+			require.Empty(t, poll.timers, "the first-byte deadline stayed armed on the loop after the answer")
+		})
+	}
+}

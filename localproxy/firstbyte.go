@@ -196,10 +196,11 @@ type firstByte struct {
 	sentAt time.Time
 	timer  *time.Timer
 	// loop, if set, is the poller whose goroutine runs the connection's
-	// copies, and lt the deadline there instead of timer: sent and
-	// received run on that goroutine, which alone arms it. Stopped
-	// elsewhere, the watch is settled and the deadline, when it comes,
-	// does nothing.
+	// copies, and lt the deadline there instead of timer: sent, received
+	// and failed run on that goroutine, which alone arms it, and the
+	// latter two disarm it (a deadline left armed bounds the poller's
+	// waits and wakes it, for nothing). Stopped elsewhere, the watch is
+	// settled and the deadline, when it comes, does nothing.
 	loop     *poller
 	lt       loopTimer
 	expired  bool // the deadline passed first
@@ -292,6 +293,7 @@ func (f *firstByte) received() {
 	if f == nil {
 		return
 	}
+	f.stopLoop()
 	f.mu.Lock()
 	if f.settled || f.sentAt.IsZero() {
 		f.settleLocked()
@@ -305,6 +307,14 @@ func (f *firstByte) received() {
 	f.w.answered(f.addr, d)
 }
 
+// stopLoop disarms the deadline on the loop, from the poller's goroutine:
+// received and failed of a connection on the loop.
+func (f *firstByte) stopLoop() {
+	if f.loop != nil {
+		f.loop.stop(&f.lt)
+	}
+}
+
 // failed settles the watch with the upstream's read error before its first
 // byte: a reset right after the client's ClientHello counts as silence;
 // one after anything else (the server's answer to garbage) does not, nor
@@ -313,6 +323,7 @@ func (f *firstByte) failed(err error, closed bool) {
 	if f == nil {
 		return
 	}
+	f.stopLoop()
 	f.mu.Lock()
 	count := !f.settled && !f.expired && !f.sentAt.IsZero() && f.hello && !closed &&
 		!errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isTimeout(err)
