@@ -14,6 +14,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// goyield is the runtime's own yield (gVisor's netstack calls it the same
+// way; the runtime keeps it for them, go.dev/issue/67401): it puts the
+// goroutine at the back of its own P's run queue and goes through the
+// scheduler. runtime.Gosched puts it on the global queue and wakes an
+// idle thread to run it, which finds nothing and sleeps again: a futex
+// wake and two context switches per yield (in the LIST harness below,
+// 2.2 futex calls per answer, none with goyield).
+//
+//go:linkname goyield runtime.goyield
+func goyield()
+
 // poller is the proxy's event loop: one epoll instance for the whole
 // proxy. It carries two kinds of connections:
 //
@@ -38,13 +49,12 @@ import (
 // wakeups than the copy itself: in make bench, about a third of the
 // proxy's CPU per request). Go's preemption signal (SIGURG) is blocked
 // during the wait, so that it does not end the wait every 10ms; the
-// goroutine lets others run every pollerYield, so that Go's sysmon does
-// not take its P for running too long. The P the goroutine holds in the
-// system call is taken for other work by sysmon, as with any blocking
-// system call. With one P, that P would be kept from every other
-// goroutine until sysmon takes it, so the epoll descriptor is waited on
-// through Go's network poller instead. An eventfd, key 0, wakes the
-// poller to stop.
+// goroutine lets others run every pollerYield, and while busy bounds its
+// waits, so that Go's sysmon never takes its P; once quiet, it parks in
+// Go's network poller until the next event (planWait). With one P, a
+// wait that holds it would keep it from every other goroutine, so the
+// epoll descriptor is waited on through Go's network poller instead. An
+// eventfd, key 0, wakes the poller to stop.
 type poller struct {
 	epfd, evfd int
 	// f is epfd as an *os.File, which Go's poller waits on, and rc its
@@ -52,7 +62,17 @@ type poller struct {
 	f        *os.File
 	rc       syscall.RawConn
 	blocking bool
-	done     chan struct{} // closed when run returns
+	// gate is a second epoll instance, holding only epfd, armed for one
+	// event (EPOLLONESHOT) only while the poller parks, as an *os.File
+	// Go's poller waits on, and gateRC its syscall.RawConn: a blocking
+	// poller that is quiet parks its goroutine on it (park), and Go's
+	// poller sees none of the events of a busy one. nil when not
+	// blocking, or when it could not be made (a quiet poller then waits
+	// in epoll_wait).
+	gate   *os.File
+	gateRC syscall.RawConn
+	gfd    int           // gate's descriptor, while gate is open
+	done   chan struct{} // closed when run returns
 
 	// fds guards the descriptors: epoll_ctl calls hold it for reading,
 	// close for writing, so that none reaches a number closed and reused.
@@ -83,13 +103,80 @@ type poller struct {
 const pollerBatch = 128
 
 // pollerYield is how long the poller's goroutine runs, through its
-// waits, before it lets the scheduler run others (runtime.Gosched): Go's
-// sysmon preempts a goroutine seen on the same scheduling tick for 10ms,
-// which costs a signal and a hand-off. In make bench (2 cores), never
-// yielding cost 1.2-2.1× HAProxy's CPU per request, yielding every 2ms
-// 1.07-1.27×, every 8-10ms 0.86-1.28×: each yield is a trip through the
-// scheduler, so it yields as seldom as keeps sysmon away.
+// waits, before it lets the scheduler run others (goyield): Go's sysmon
+// preempts a goroutine seen on the same scheduling tick for 10ms, which
+// costs a signal and a hand-off. In make bench (2 cores, yielding with
+// runtime.Gosched then), never yielding cost 1.2-2.1× HAProxy's CPU per
+// request, yielding every 2ms 1.07-1.27×, every 8-10ms 0.86-1.28×.
 const pollerYield = 8 * time.Millisecond
+
+// The poller's waits (planWait). Go's sysmon takes the P of a goroutine
+// that has been in one system call for 10ms, or on one scheduling tick
+// for 10ms (the latter with a preemption signal); each time it takes
+// one, and each time a system call wakes it from the sleep it took while
+// every P was idle, it polls every 20µs again for a millisecond and
+// more. An event loop that waits in epoll_wait as a blocking system call
+// pays that toll on every wait of 10ms or more. In a plain TCP harness
+// (perf stat on the proxy, 2 cores, HAProxy 2.6 beside it), requests 50
+// or 150ms apart with 2 KiB answers (a node agent's traffic) cost 864-961µs
+// of CPU and 62-65 context switches each that way, against HAProxy's
+// 141-171µs and 3; answers after 10ms of the server's time (the bench's
+// LISTs' shape, 40 KiB) 231-287µs against 191-195µs. So the goroutine:
+//
+//   - while busy (events in the last pollerBusy) waits at most
+//     pollerSlice, as a raw system call the runtime does not see
+//     (waitHeld), after a yield when pollerWaitYield has passed since the
+//     last one: no wait ends 10ms after a yield, so sysmon finds nothing
+//     to take, and it is not woken. The P is held for up to pollerSlice,
+//     as by any goroutine running that long: a stop of the world for the
+//     garbage collector waits for the wait's end;
+//   - once quiet, parks in Go's poller on the gate (waitPark), until an
+//     event or its soonest timer (then a Go timer, the gate's deadline):
+//     its P is free, no thread of the proxy's wakes until then, and
+//     sysmon sleeps on. The loop's own system calls are raw for the same
+//     reason (reads, writes, splices, SIOCINQ), except those of a new
+//     connection (accept, socket options, connect);
+//   - quiet without a gate, waits in epoll_wait as a system call
+//     (waitSyscall).
+//
+// The same harness with this: 191-220µs and 4.6-5.2 context switches per
+// sparse request, 200-206µs per LIST-shaped answer. A longer busy spell
+// cost more: 25ms 289-324µs per sparse request, 100ms 463-754µs (a wakeup
+// per slice, and sysmon's, which polls every 10ms while the P is held).
+const (
+	pollerBusy      = 8 * time.Millisecond
+	pollerWaitYield = time.Millisecond
+	pollerSlice     = 8 // milliseconds, as epoll_wait takes them
+)
+
+// waitHow is how the poller waits for events (planWait).
+type waitHow uint8
+
+const (
+	waitHeld waitHow = iota
+	waitSyscall
+	waitPark
+)
+
+// planWait is how the poller's goroutine waits, for how long in
+// milliseconds (-1: no bound), and whether it yields first, given the
+// timers' timeout, when the last events came, when it last yielded, and
+// whether it has a gate.
+func planWait(timeout int, now, lastEvent, yielded time.Time, gate bool) (how waitHow, ms int, yield bool) {
+	switch {
+	case timeout == 0:
+		return waitHeld, 0, false
+	case now.Sub(lastEvent) < pollerBusy:
+		if timeout < 0 || timeout > pollerSlice {
+			timeout = pollerSlice
+		}
+		return waitHeld, timeout, now.Sub(yielded) >= pollerWaitYield
+	case gate:
+		return waitPark, timeout, false
+	default:
+		return waitSyscall, timeout, false
+	}
+}
 
 // newPoller creates the epoll instance and its eventfd.
 func newPoller() (*poller, error) {
@@ -114,29 +201,59 @@ func newPollerMode(blocking bool) (*poller, error) {
 		return nil, os.NewSyscallError("epoll_ctl", err)
 	}
 	if blocking {
+		p.gate, p.gateRC, p.gfd, _ = newGate(epfd)
 		return p, nil
 	}
-	// Non-blocking, so that os.NewFile hands it to Go's poller.
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		p.closeFDs()
-		return nil, os.NewSyscallError("fcntl", err)
-	}
-	p.f = os.NewFile(uintptr(epfd), "localproxy-poller")
-	// A file Go's poller does not wait on takes no deadline.
-	if err := p.f.SetReadDeadline(time.Time{}); err != nil {
-		p.closeFDs()
-		return nil, fmt.Errorf("epoll descriptor not pollable: %w", err)
-	}
-	if p.rc, err = p.f.SyscallConn(); err != nil {
-		p.closeFDs()
+	if p.f, p.rc, err = pollable(epfd, "localproxy-poller"); err != nil {
+		unix.Close(evfd) // pollable closed epfd
 		return nil, err
 	}
 	return p, nil
 }
 
+// pollable hands fd to Go's poller, as an *os.File and its RawConn; on an
+// error, fd is closed.
+func pollable(fd int, name string) (*os.File, syscall.RawConn, error) {
+	// Non-blocking, so that os.NewFile hands it to Go's poller.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	// A file Go's poller does not wait on takes no deadline.
+	if err := f.SetReadDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("epoll descriptor not pollable: %w", err)
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, rc, nil
+}
+
+// newGate makes the poller's gate (poller.gate) on epfd.
+func newGate(epfd int) (*os.File, syscall.RawConn, int, error) {
+	gfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, nil, -1, os.NewSyscallError("epoll_create1", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT} // disarmed
+	if err := unix.EpollCtl(gfd, unix.EPOLL_CTL_ADD, epfd, &ev); err != nil {
+		unix.Close(gfd)
+		return nil, nil, -1, os.NewSyscallError("epoll_ctl", err)
+	}
+	f, rc, err := pollable(gfd, "localproxy-poller-gate")
+	return f, rc, gfd, err
+}
+
 // closeFDs closes the eventfd and the epoll descriptor.
 func (p *poller) closeFDs() {
 	unix.Close(p.evfd)
+	if p.gate != nil {
+		p.gate.Close()
+	}
 	if p.f != nil {
 		p.f.Close()
 	} else {
@@ -164,13 +281,24 @@ func (p *poller) run() {
 		}
 	}
 	yielded := time.Now()
+	var lastEvent time.Time
 	for {
 		switch {
 		case len(p.again) > 0:
 			// More to copy: look for events without waiting.
-			n, werr = p.wait(events, 0)
+			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
-			n, werr = p.wait(events, p.timers.timeout(time.Now()))
+			now := time.Now()
+			how, timeout, yield := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil)
+			if yield {
+				goyield()
+				yielded = now
+			}
+			if how == waitPark {
+				n, werr = p.park(events, p.timers.next())
+			} else {
+				n, werr = p.wait(events, timeout, how)
+			}
 		default:
 			if err := p.rc.Read(wait); err != nil {
 				return
@@ -201,20 +329,34 @@ func (p *poller) run() {
 				c.resume(int(key & 1))
 			}
 		}
-		p.timers.run(time.Now())
+		now := time.Now()
+		if n > 0 {
+			lastEvent = now
+		}
+		p.timers.run(now)
 		p.runAgain()
 		if time.Since(yielded) >= pollerYield {
-			runtime.Gosched()
+			goyield()
 			yielded = time.Now()
 		}
 	}
 }
 
 // wait is epoll_pwait on the epoll descriptor, with SIGURG blocked,
-// retried on EINTR; timeout in milliseconds, -1: none.
-func (p *poller) wait(events []unix.EpollEvent, timeout int) (int, error) {
+// retried on EINTR; timeout in milliseconds, -1: none; as a system call
+// the runtime sees (waitSyscall) or not (waitHeld).
+func (p *poller) wait(events []unix.EpollEvent, timeout int, how waitHow) (int, error) {
+	return epollPwait(p.epfd, events, timeout, how)
+}
+
+// epollPwait is poller.wait on epfd.
+func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (int, error) {
+	call := unix.RawSyscall6
+	if how == waitSyscall {
+		call = unix.Syscall6
+	}
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(p.epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), uintptr(unsafe.Pointer(&sigurg)), unsafe.Sizeof(sigurg))
+		n, _, errno := call(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), uintptr(unsafe.Pointer(&sigurg)), unsafe.Sizeof(sigurg))
 		switch errno {
 		case 0:
 			return int(n), nil
@@ -224,6 +366,48 @@ func (p *poller) wait(events []unix.EpollEvent, timeout int) (int, error) {
 			return 0, errno
 		}
 	}
+}
+
+// park waits for events, until until if it is not zero, with the
+// goroutine parked in Go's poller: it arms the gate, looks for events
+// without waiting, and if there are none leaves the P until the gate is
+// readable or until passes, then takes the gate's event, so that the next
+// arming is a new edge for Go's poller.
+func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
+	if err := p.gate.SetReadDeadline(until); err != nil {
+		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
+	}
+	if p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
+		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
+	}
+	var n int
+	var werr error
+	err := p.gateRC.Read(func(uintptr) bool {
+		n, werr = p.wait(events, 0, waitHeld)
+		return n > 0 || werr != nil
+	})
+	var fired [1]unix.EpollEvent
+	epollPwait(p.gfd, fired[:], 0, waitHeld)
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// A timer's due; the gate did not fire, and is disarmed, so that
+		// the events of the busy poller do not wake Go's poller.
+		p.armGate(unix.EPOLLONESHOT)
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	return n, werr
+}
+
+// armGate sets the gate's events for epfd, as a raw system call, as the
+// wait's: a system call the runtime sees wakes sysmon from the sleep it
+// took while every P was idle (the poller parked), and it then polls
+// every 20µs for a while.
+func (p *poller) armGate(events uint32) syscall.Errno {
+	ev := unix.EpollEvent{Events: events}
+	_, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(p.gfd), unix.EPOLL_CTL_MOD, uintptr(p.epfd), uintptr(unsafe.Pointer(&ev)), 0, 0)
+	return errno
 }
 
 // close stops run and closes the epoll instance. Parked directions and

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -480,8 +481,11 @@ func spliceFD(in, out, n int) (int, syscall.Errno) {
 // than MaxSplices copies splice (Proxy.splicing, shared with the
 // goroutines' copies); otherwise e goes on through its buffer.
 func (p *poller) takePipe(e *evDir, src int) {
-	queued, err := unix.IoctlGetInt(src, unix.SIOCINQ)
-	if err != nil || queued < spliceMin {
+	// Raw, as the loop's reads and writes: a system call the runtime sees
+	// wakes Go's sysmon from the sleep it takes while the poller is parked
+	// (planWait), and sysmon then polls every 20µs for a while.
+	var queued int32
+	if _, _, errno := unix.RawSyscall(unix.SYS_IOCTL, uintptr(src), unix.SIOCINQ, uintptr(unsafe.Pointer(&queued))); errno != 0 || queued < spliceMin {
 		return
 	}
 	if p.splicing.Add(1) > MaxSplices {

@@ -77,3 +77,11 @@ func (h loopTimers) timeout(now time.Time) int {
 	}
 	return int((d + time.Millisecond - 1) / time.Millisecond)
 }
+
+// next is when the soonest timer is due; zero: none.
+func (h loopTimers) next() time.Time {
+	if len(h) == 0 {
+		return time.Time{}
+	}
+	return h[0].when
+}

@@ -1,0 +1,97 @@
+package localproxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// sysmonSlice is how long Go's sysmon lets a goroutine stay in one system
+// call, or on one scheduling tick, before it takes its P (forcePreemptNS
+// and retake's 10ms in the runtime's proc.go).
+const sysmonSlice = 10 * time.Millisecond
+
+func TestPlanWait(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	for _, tc := range []struct {
+		name             string
+		timeout          int
+		lastEvent, yield time.Duration // ago; lastEvent < 0: none yet
+		gate             bool
+		how              waitHow
+		want             int
+		wantYield        bool
+	}{
+		{"no events yet: parked", -1, -1, 0, true, waitPark, -1, false},
+		{"quiet since pollerBusy: parked", -1, pollerBusy, 50 * time.Millisecond, true, waitPark, -1, false},
+		{"quiet, no gate: a system call", -1, time.Second, time.Second, false, waitSyscall, -1, false},
+		{"quiet, a timer: parked until it", 2000, time.Second, time.Second, true, waitPark, 2000, false},
+		{"quiet, a timer, no gate: a system call until it", 2000, time.Second, time.Second, false, waitSyscall, 2000, false},
+		{"busy, no timer", -1, time.Millisecond, 5 * time.Millisecond, true, waitHeld, pollerSlice, true},
+		{"busy, no gate", -1, time.Millisecond, 5 * time.Millisecond, false, waitHeld, pollerSlice, true},
+		{"busy, just yielded", -1, time.Millisecond, 0, true, waitHeld, pollerSlice, false},
+		{"busy, a far timer", 2000, time.Millisecond, 0, true, waitHeld, pollerSlice, false},
+		{"busy, a near timer", 3, time.Millisecond, 2 * time.Millisecond, true, waitHeld, 3, true},
+		{"no wait", 0, time.Second, time.Second, true, waitHeld, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var last time.Time
+			if tc.lastEvent >= 0 {
+				last = now.Add(-tc.lastEvent)
+			}
+			how, got, yield := planWait(tc.timeout, now, last, now.Add(-tc.yield), tc.gate)
+			if how != tc.how || got != tc.want || yield != tc.wantYield {
+				t.Errorf("planWait(%d, last event %v ago, yielded %v ago, gate %v) = %d, %d, %v; want %d, %d, %v", tc.timeout, tc.lastEvent, tc.yield, tc.gate, how, got, yield, tc.how, tc.want, tc.wantYield)
+			}
+		})
+	}
+
+	// Whatever the time since the last yield, a busy poller's wait holds
+	// the P no longer than ends before sysmon's slice since its last yield
+	// runs out.
+	for ago := time.Duration(0); ago <= 3*sysmonSlice; ago += 100 * time.Microsecond {
+		for _, timeout := range []int{-1, 1, 7, 9, 50, 2000} {
+			how, got, yield := planWait(timeout, now, now.Add(-time.Microsecond), now.Add(-ago), true)
+			if how != waitHeld || got < 0 {
+				t.Fatalf("planWait(%d) while busy = %d, %d: not a bounded held wait", timeout, how, got)
+			}
+			since := ago
+			if yield {
+				since = 0
+			}
+			if end := since + time.Duration(got)*time.Millisecond; end >= sysmonSlice-500*time.Microsecond {
+				t.Errorf("planWait(%d), yielded %v ago: wait %dms, yield %v: the wait ends %v after the last yield, sysmon's slice is %v", timeout, ago, got, yield, end, sysmonSlice)
+			}
+		}
+	}
+}
+
+// A quiet poller parks in Go's poller (planWait), and still wakes for its
+// soonest timer, then for an event: its close.
+func TestParkedPollerWakesForItsTimerAndItsClose(t *testing.T) {
+	poll, err := newPollerMode(true)
+	require.NoError(t, err)
+	require.NotNil(t, poll.gate, "no gate: the poller cannot park, the test proves nothing")
+	fired := make(chan time.Time, 1)
+	lt := loopTimer{fire: func(now time.Time) { fired <- now }}
+	due := time.Now().Add(50 * time.Millisecond)
+	poll.at(&lt, due) // before run: the test's goroutine is the poller's
+	go poll.run()
+	select {
+	case at := <-fired:
+		require.False(t, at.Before(due), "the timer fired %v early", due.Sub(at))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the parked poller's timer did not fire")
+	}
+	closed := make(chan struct{})
+	go func() {
+		poll.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not wake the parked poller")
+	}
+}
