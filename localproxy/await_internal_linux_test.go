@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // sysmonSlice is how long Go's sysmon lets a goroutine stay in one system
@@ -93,5 +94,40 @@ func TestParkedPollerWakesForItsTimerAndItsClose(t *testing.T) {
 	case <-closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("close did not wake the parked poller")
+	}
+}
+
+// The gate is armed only while the poller parks: events that come once
+// it woke are not passed on to Go's poller, whose thread they would wake
+// for nothing.
+func TestParkDisarmsTheGate(t *testing.T) {
+	poll, err := newPollerMode(true)
+	require.NoError(t, err)
+	t.Cleanup(poll.closeFDs)
+	require.NotNil(t, poll.gate, "no gate: the test proves nothing")
+	var fds [2]int
+	require.NoError(t, unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC))
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: 2}
+	require.NoError(t, unix.EpollCtl(poll.epfd, unix.EPOLL_CTL_ADD, fds[0], &ev))
+
+	events := make([]unix.EpollEvent, pollerBatch)
+	for _, parked := range []bool{false, true} {
+		if !parked { // the event is there when the poller parks
+			unix.Write(fds[1], []byte{1})
+		} else { // it comes while the poller is parked
+			time.AfterFunc(20*time.Millisecond, func() { unix.Write(fds[1], []byte{1}) })
+		}
+		n, err := poll.park(events, time.Now().Add(10*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "parked %v: the pipe's event was not found", parked)
+
+		unix.Write(fds[1], []byte{1}) // the busy poller's next event
+		got := make([]unix.EpollEvent, 1)
+		n, err = unix.EpollWait(poll.gfd, got, 0)
+		require.NoError(t, err)
+		require.Zero(t, n, "parked %v: the gate stayed armed after the poller woke, and passed the next event on to Go's poller", parked)
+		drain := make([]unix.EpollEvent, pollerBatch)
+		unix.EpollWait(poll.epfd, drain, 0)
 	}
 }

@@ -63,7 +63,7 @@ type poller struct {
 	rc       syscall.RawConn
 	blocking bool
 	// gate is a second epoll instance, holding only epfd, armed for one
-	// event (EPOLLONESHOT) only while the poller parks, as an *os.File
+	// event (EPOLLONESHOT) only while the poller parks (park), as an *os.File
 	// Go's poller waits on, and gateRC its syscall.RawConn: a blocking
 	// poller that is quiet parks its goroutine on it (park), and Go's
 	// poller sees none of the events of a busy one. nil when not
@@ -129,7 +129,8 @@ const pollerYield = 8 * time.Millisecond
 //     last one: no wait ends 10ms after a yield, so sysmon finds nothing
 //     to take, and it is not woken. The P is held for up to pollerSlice,
 //     as by any goroutine running that long: a stop of the world for the
-//     garbage collector waits for the wait's end;
+//     garbage collector waits for the wait's end (with 8ms slices, a
+//     busy loop made them 6-10ms; hence 4ms);
 //   - once quiet, parks in Go's poller on the gate (waitPark), until an
 //     event or its soonest timer (then a Go timer, the gate's deadline):
 //     its P is free, no thread of the proxy's wakes until then, and
@@ -139,14 +140,16 @@ const pollerYield = 8 * time.Millisecond
 //   - quiet without a gate, waits in epoll_wait as a system call
 //     (waitSyscall).
 //
-// The same harness with this: 191-220µs and 4.6-5.2 context switches per
-// sparse request, 200-206µs per LIST-shaped answer. A longer busy spell
-// cost more: 25ms 289-324µs per sparse request, 100ms 463-754µs (a wakeup
-// per slice, and sysmon's, which polls every 10ms while the P is held).
+// The same harness with this: 173-215µs and 4.4-4.7 context switches per
+// sparse request, 189-227µs per LIST-shaped answer, with 2, 4 or 8ms
+// slices alike. A longer busy spell cost more: 25ms 289-324µs per sparse
+// request, 100ms 463-754µs (a wakeup per slice, and sysmon's, which polls
+// every 10ms while the P is held). In make bench, GETs 50ms apart
+// (get-sparse) cost 358µs against 1,423µs before, HAProxy's 186-191µs.
 const (
-	pollerBusy      = 8 * time.Millisecond
+	pollerBusy      = 4 * time.Millisecond
 	pollerWaitYield = time.Millisecond
-	pollerSlice     = 8 // milliseconds, as epoll_wait takes them
+	pollerSlice     = 4 // milliseconds, as epoll_wait takes them
 )
 
 // waitHow is how the poller waits for events (planWait).
@@ -290,6 +293,12 @@ func (p *poller) run() {
 		case p.blocking:
 			now := time.Now()
 			how, timeout, yield := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil)
+			if how == waitHeld && timeout != 0 && runtime.GOMAXPROCS(0) == 1 {
+				// Down to one P since newPoller (Go follows a container's
+				// CPU limit): a held wait would keep it from every other
+				// goroutine.
+				how = waitSyscall
+			}
 			if yield {
 				goyield()
 				yielded = now
@@ -351,12 +360,16 @@ func (p *poller) wait(events []unix.EpollEvent, timeout int, how waitHow) (int, 
 
 // epollPwait is poller.wait on epfd.
 func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (int, error) {
-	call := unix.RawSyscall6
-	if how == waitSyscall {
-		call = unix.Syscall6
-	}
 	for {
-		n, _, errno := call(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), uintptr(unsafe.Pointer(&sigurg)), unsafe.Sizeof(sigurg))
+		// Direct calls, so that the compiler keeps what the pointers
+		// point to alive through them.
+		var n uintptr
+		var errno syscall.Errno
+		if how == waitSyscall {
+			n, _, errno = unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), uintptr(unsafe.Pointer(&sigurg)), unsafe.Sizeof(sigurg))
+		} else {
+			n, _, errno = unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(timeout), uintptr(unsafe.Pointer(&sigurg)), unsafe.Sizeof(sigurg))
+		}
 		switch errno {
 		case 0:
 			return int(n), nil
@@ -371,8 +384,7 @@ func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (i
 // park waits for events, until until if it is not zero, with the
 // goroutine parked in Go's poller: it arms the gate, looks for events
 // without waiting, and if there are none leaves the P until the gate is
-// readable or until passes, then takes the gate's event, so that the next
-// arming is a new edge for Go's poller.
+// readable or until passes, then disarms the gate.
 func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
 	if err := p.gate.SetReadDeadline(until); err != nil {
 		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
@@ -386,14 +398,15 @@ func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
 		n, werr = p.wait(events, 0, waitHeld)
 		return n > 0 || werr != nil
 	})
-	var fired [1]unix.EpollEvent
-	epollPwait(p.gfd, fired[:], 0, waitHeld)
+	// Disarmed again, whether it fired or not: the kernel disarms a
+	// one-shot entry only when it reports it, and the events it fired for
+	// were taken from epfd above, so it would stay armed and pass every
+	// event of the busy poller on to Go's poller, waking a thread of its.
+	// Events that come meanwhile are found by the next park's look.
+	p.armGate(unix.EPOLLONESHOT)
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		// A timer's due; the gate did not fire, and is disarmed, so that
-		// the events of the busy poller do not wake Go's poller.
-		p.armGate(unix.EPOLLONESHOT)
-		return 0, nil
+		return 0, nil // a timer's due
 	case err != nil:
 		return 0, err
 	}
