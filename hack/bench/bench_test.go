@@ -236,7 +236,7 @@ func TestFirstGetElsewhere(t *testing.T) {
 func TestMarkdown(t *testing.T) {
 	down := 0.5
 	r := &Results{Date: "2026-01-02 03:04 UTC", Machine: "2 cores", Versions: map[string]string{"haproxy": "2.6"}}
-	r.Overhead.Config = overheadConfig{Rounds: 1, GetSeq: 10, GetConc: 10, Concurrency: 2, Lists: 1, ListObjects: 1, ListBytes: 1, NewConn: 1}
+	r.Overhead.Config = overheadConfig{Rounds: 1, GetSeq: 10, GetSparse: 5, SparseGap: 50 * time.Millisecond, GetConc: 10, Concurrency: 2, Lists: 1, ListObjects: 1, ListBytes: 1, NewConn: 1}
 	r.Overhead.Rows = []OverheadRow{
 		{Op: opGetSeq, Path: pathHAProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 30, CPUVsHAProxy: 1},
 		{Op: opGetSeq, Path: pathLocalProxy, P50ms: 1.5, P50Ratio: 1.25, ProxyCPUMicros: 45, CPUVsHAProxy: 1.5},
@@ -249,6 +249,7 @@ func TestMarkdown(t *testing.T) {
 	wantLines(t, r.markdown(),
 		"| get-seq | haproxy | 1.50ms | 1.25× |", "30µs | 1.00× |",
 		"| get-seq | localproxy | 1.50ms | 1.25× |", "45µs | 1.50× |",
+		"10 sequential GETs of a small ConfigMap, 5 more each after a pause of 50ms,",
 		"| kill | haproxy | 0.50s | none in 11s |",
 		"| kill | nginx | n/a | none in 11s |",
 		"error: localproxy exited / badly",

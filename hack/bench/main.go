@@ -111,6 +111,8 @@ func main() {
 	flag.BoolVar(&o.skipFailover, "skip-failover", false, "skip the failover runs")
 	flag.IntVar(&o.overhead.Rounds, "rounds", 5, "interleaved rounds of the overhead measurement")
 	flag.IntVar(&o.overhead.GetSeq, "get-seq", 1000, "sequential GETs per path")
+	flag.IntVar(&o.overhead.GetSparse, "get-sparse", 100, "sparse GETs per path: sequential, each after -sparse-gap")
+	flag.DurationVar(&o.overhead.SparseGap, "sparse-gap", 50*time.Millisecond, "pause before each sparse GET (a node agent's pace)")
 	flag.IntVar(&o.overhead.GetConc, "get-concurrent", 2000, "concurrent GETs per path")
 	flag.IntVar(&o.overhead.Concurrency, "concurrency", 16, "goroutines of the concurrent GETs")
 	flag.IntVar(&o.overhead.Lists, "lists", 50, "LISTs per path")
@@ -180,8 +182,11 @@ func (o *options) validate() error {
 		}
 	}
 	c := o.overhead
-	if c.Rounds < 1 || c.GetSeq < c.Rounds || c.GetConc < c.Rounds || c.Lists < c.Rounds || c.NewConn < c.Rounds || c.Concurrency < 1 {
+	if c.Rounds < 1 || c.GetSeq < c.Rounds || c.GetSparse < c.Rounds || c.GetConc < c.Rounds || c.Lists < c.Rounds || c.NewConn < c.Rounds || c.Concurrency < 1 {
 		return fmt.Errorf("overhead counts must be at least -rounds (%d), -concurrency at least 1", c.Rounds)
+	}
+	if c.SparseGap <= 0 || c.SparseGap > time.Minute {
+		return fmt.Errorf("-sparse-gap %v: must be more than 0 and at most 1m", c.SparseGap)
 	}
 	if o.newConnOnly && o.datapathOnly {
 		return errors.New("-newconn-only and -datapath-only: choose one")

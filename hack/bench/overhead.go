@@ -22,17 +22,19 @@ import (
 
 // Overhead operations.
 const (
-	opGetSeq  = "get-seq"
-	opGetConc = "get-concurrent"
-	opList    = "list"
-	opNewConn = "get-new-connection"
+	opGetSeq    = "get-seq"
+	opGetSparse = "get-sparse"
+	opGetConc   = "get-concurrent"
+	opList      = "list"
+	opNewConn   = "get-new-connection"
 )
 
 var opDescriptions = map[string]string{
-	opGetSeq:  "GET one small ConfigMap, one request at a time, one HTTP/2 connection",
-	opGetConc: "the same GET from concurrent goroutines sharing one client",
-	opList:    "LIST the namespace's ConfigMaps",
-	opNewConn: "the same GET on a new TCP+TLS connection each time (kubectl-like clients)",
+	opGetSeq:    "GET one small ConfigMap, one request at a time, one HTTP/2 connection",
+	opGetSparse: "the same GET, one at a time with a pause between (-sparse-gap): a node agent's pace",
+	opGetConc:   "the same GET from concurrent goroutines sharing one client",
+	opList:      "LIST the namespace's ConfigMaps",
+	opNewConn:   "the same GET on a new TCP+TLS connection each time (kubectl-like clients)",
 }
 
 const (
@@ -43,14 +45,17 @@ const (
 // overheadConfig sizes the overhead measurement. Every count is per path,
 // split evenly over the rounds.
 type overheadConfig struct {
-	Rounds      int `json:"rounds"`
-	GetSeq      int `json:"get_seq"`
-	GetConc     int `json:"get_concurrent"`
-	Concurrency int `json:"concurrency"`
-	Lists       int `json:"lists"`
-	ListObjects int `json:"list_objects"`
-	ListBytes   int `json:"list_object_bytes"`
-	NewConn     int `json:"get_new_connection"`
+	Rounds    int `json:"rounds"`
+	GetSeq    int `json:"get_seq"`
+	GetSparse int `json:"get_sparse"`
+	// SparseGap is the pause before each sparse GET.
+	SparseGap   time.Duration `json:"sparse_gap_ns"`
+	GetConc     int           `json:"get_concurrent"`
+	Concurrency int           `json:"concurrency"`
+	Lists       int           `json:"lists"`
+	ListObjects int           `json:"list_objects"`
+	ListBytes   int           `json:"list_object_bytes"`
+	NewConn     int           `json:"get_new_connection"`
 }
 
 // sample is what one op measured on one path: request latencies and the
@@ -171,8 +176,8 @@ func newOverheadClient(p *clientPath) (*overheadClient, error) {
 	return oc, nil
 }
 
-// run measures op n times.
-func (oc *overheadClient) run(ctx context.Context, op string, n, conc int) sample {
+// run measures op n times; gap is the sparse GETs' pause.
+func (oc *overheadClient) run(ctx context.Context, op string, n, conc int, gap time.Duration) sample {
 	var cpu0 time.Duration
 	if oc.path.pids != nil {
 		cpu0 = cpuTime(oc.path.pids())
@@ -182,6 +187,8 @@ func (oc *overheadClient) run(ctx context.Context, op string, n, conc int) sampl
 	switch op {
 	case opGetSeq:
 		s = oc.sequential(ctx, n, oc.get)
+	case opGetSparse:
+		s = oc.paced(ctx, n, gap, oc.get)
 	case opGetConc:
 		s = oc.concurrent(ctx, n, conc, oc.get)
 	case opList:
@@ -268,6 +275,24 @@ func (oc *overheadClient) sequential(ctx context.Context, n int, do func(context
 			continue
 		}
 		s.lat = append(s.lat, d)
+	}
+	return s
+}
+
+// paced is sequential with a pause of gap before each request; the
+// pauses are in the sample's wall time (the proxies' use at rest over
+// them is taken off their CPU), not in its latencies.
+func (oc *overheadClient) paced(ctx context.Context, n int, gap time.Duration, do func(context.Context) error) sample {
+	var s sample
+	for range n {
+		select {
+		case <-ctx.Done():
+			return s
+		case <-time.After(gap):
+		}
+		one := oc.sequential(ctx, 1, do)
+		s.lat = append(s.lat, one.lat...)
+		s.failed += one.failed
 	}
 	return s
 }
@@ -377,7 +402,7 @@ func (oc *overheadClient) round(ctx context.Context, cfg overheadConfig, got fun
 		if op == opNewConn && oc.getNewConn == nil {
 			continue
 		}
-		got(op, oc.run(ctx, op, opCount(cfg, op)/cfg.Rounds, cfg.Concurrency))
+		got(op, oc.run(ctx, op, opCount(cfg, op)/cfg.Rounds, cfg.Concurrency, cfg.SparseGap))
 	}
 }
 
@@ -391,8 +416,8 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 	}
 	// Warm up: connections open, caches filled, nothing recorded.
 	for _, c := range clients {
-		c.run(ctx, opGetSeq, 20, 1)
-		c.run(ctx, opList, 2, 1)
+		c.run(ctx, opGetSeq, 20, 1, 0)
+		c.run(ctx, opList, 2, 1, 0)
 	}
 	for round := range cfg.Rounds {
 		began := time.Now()

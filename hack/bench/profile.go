@@ -67,7 +67,7 @@ func profileLocalProxy(ctx context.Context, c *overheadClient, cfg overheadConfi
 
 // overheadOps are the overhead measurement's ops, in the order each
 // round runs them.
-var overheadOps = []string{opGetSeq, opGetConc, opList, opNewConn}
+var overheadOps = []string{opGetSeq, opGetSparse, opGetConc, opList, opNewConn}
 
 // opCount is how many requests of op the overhead measurement sends per
 // path.
@@ -75,6 +75,8 @@ func opCount(cfg overheadConfig, op string) int {
 	switch op {
 	case opGetSeq:
 		return cfg.GetSeq
+	case opGetSparse:
+		return cfg.GetSparse
 	case opGetConc:
 		return cfg.GetConc
 	case opList:

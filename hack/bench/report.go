@@ -93,8 +93,8 @@ func (r *Results) markdown() string {
 		c := r.Overhead.Config
 		w("### Overhead")
 		w("")
-		w("Per path: %d sequential GETs of a small ConfigMap, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). direct-again is a second direct client: its ratios show the run's noise. Proxy CPU: CPU time of the proxy processes per request, their use at rest (health checks; localproxy also its EndpointSlice watch) taken off.",
-			c.GetSeq, c.GetConc, c.Concurrency, c.Lists, c.ListObjects, c.ListBytes, c.NewConn, c.Rounds)
+		w("Per path: %d sequential GETs of a small ConfigMap, %d more each after a pause of %v, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). direct-again is a second direct client: its ratios show the run's noise. Proxy CPU: CPU time of the proxy processes per request, their use at rest (health checks; localproxy also its EndpointSlice watch) taken off.",
+			c.GetSeq, c.GetSparse, c.SparseGap, c.GetConc, c.Concurrency, c.Lists, c.ListObjects, c.ListBytes, c.NewConn, c.Rounds)
 		w("")
 		if r.Overhead.Error != "" {
 			w("Error: %s", r.Overhead.Error)
