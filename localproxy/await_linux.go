@@ -284,6 +284,16 @@ func (p *poller) run() {
 		}
 	}
 	yielded := time.Now()
+	// oneP: the P count has come down to one since newPoller (Go follows
+	// a container's CPU limit), and a held wait would keep that P from
+	// every other goroutine. Looked at on each yield, not on each wait:
+	// runtime.GOMAXPROCS takes the scheduler's lock.
+	oneP := false
+	yield := func(now time.Time) {
+		goyield()
+		yielded = now
+		oneP = runtime.GOMAXPROCS(0) == 1
+	}
 	var lastEvent time.Time
 	for {
 		switch {
@@ -292,16 +302,12 @@ func (p *poller) run() {
 			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
 			now := time.Now()
-			how, timeout, yield := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil)
-			if how == waitHeld && timeout != 0 && runtime.GOMAXPROCS(0) == 1 {
-				// Down to one P since newPoller (Go follows a container's
-				// CPU limit): a held wait would keep it from every other
-				// goroutine.
-				how = waitSyscall
+			how, timeout, yieldFirst := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil)
+			if yieldFirst {
+				yield(now)
 			}
-			if yield {
-				goyield()
-				yielded = now
+			if how == waitHeld && timeout != 0 && oneP {
+				how = waitSyscall
 			}
 			if how == waitPark {
 				n, werr = p.park(events, p.timers.next())
@@ -344,9 +350,8 @@ func (p *poller) run() {
 		}
 		p.timers.run(now)
 		p.runAgain()
-		if time.Since(yielded) >= pollerYield {
-			goyield()
-			yielded = time.Now()
+		if now := time.Now(); now.Sub(yielded) >= pollerYield {
+			yield(now)
 		}
 	}
 }
@@ -386,10 +391,7 @@ func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (i
 // without waiting, and if there are none leaves the P until the gate is
 // readable or until passes, then disarms the gate.
 func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
-	if err := p.gate.SetReadDeadline(until); err != nil {
-		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
-	}
-	if p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
+	if p.gate.SetReadDeadline(until) != nil || p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
 		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
 	}
 	var n int

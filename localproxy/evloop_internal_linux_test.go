@@ -29,14 +29,12 @@ func connectedFD(t *testing.T) (int, *net.TCPConn) {
 	return fd, peer
 }
 
-// The upstream ends before its first byte (EOF) and passing that end on
-// to a client that has reset fails (shutdown: ENOTCONN), in one step of
-// the loop. The first-byte watch is told the read's outcome, an end
-// without a byte, not the shutdown's error: that is the client's doing
-// and says nothing of the endpoint, which must not be counted silent.
-func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
-	clientFD, client := connectedFD(t)
-	upFD, upstream := connectedFD(t)
+// loopConn is a connection on a loop of its own between clientFD and
+// upFD (upstream's far side), with the first-byte watch armed for the
+// client's TLS hello sent upstream; its proxy counts the endpoint's
+// silence.
+func loopConn(t *testing.T, clientFD, upFD int, upstream *net.TCPConn, onLoop bool) (*Proxy, *poller, *conn) {
+	t.Helper()
 	p, err := New(Config{Endpoints: []string{upstream.LocalAddr().String()}, Registry: prometheus.NewRegistry(), FirstByteTimeout: time.Minute})
 	require.NoError(t, err)
 	poll, err := newPollerMode(true)
@@ -46,9 +44,28 @@ func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
 	c := &conn{p: p, addr: upstream.LocalAddr().String()}
 	c.id = poll.add(c)
 	c.ev = &evConn{fds: [2]int{clientFD, upFD}}
+	t.Cleanup(c.close) // closes both sockets, once
+	for side := range c.dirs {
+		c.dirs[side].c, c.dirs[side].side = c, side
+	}
 	c.fb = p.fb.watch(c.addr)
 	require.NotNil(t, c.fb, "no first-byte watch")
+	if onLoop {
+		c.fb.loop = poll
+	}
 	c.fb.sent(flightHello) // the client's TLS hello went upstream
+	return p, poll, c
+}
+
+// The upstream ends before its first byte (EOF) and passing that end on
+// to a client that has reset fails (shutdown: ENOTCONN), in one step of
+// the loop. The first-byte watch is told the read's outcome, an end
+// without a byte, not the shutdown's error: that is the client's doing
+// and says nothing of the endpoint, which must not be counted silent.
+func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	p, _, c := loopConn(t, clientFD, upFD, upstream, false)
 
 	require.NoError(t, client.SetLinger(0))
 	client.Close() // a reset
@@ -85,28 +102,12 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clientFD, _ := connectedFD(t)
 			upFD, upstream := connectedFD(t)
-			p, err := New(Config{Endpoints: []string{upstream.LocalAddr().String()}, Registry: prometheus.NewRegistry(), FirstByteTimeout: time.Minute})
-			require.NoError(t, err)
-			poll, err := newPollerMode(true)
-			require.NoError(t, err)
-			p.pollInit.Do(func() { p.poll = poll })
-			t.Cleanup(poll.closeFDs)
-			c := &conn{p: p, addr: upstream.LocalAddr().String()}
-			c.id = poll.add(c)
-			c.ev = &evConn{fds: [2]int{clientFD, upFD}}
-			t.Cleanup(c.close) // closes both sockets, once
-			for side := range c.dirs {
-				c.dirs[side].c, c.dirs[side].side = c, side
-			}
-			c.fb = p.fb.watch(c.addr)
-			require.NotNil(t, c.fb, "no first-byte watch")
-			c.fb.loop = poll
-			c.fb.sent(flightHello)
+			_, poll, c := loopConn(t, clientFD, upFD, upstream, true)
 			require.Len(t, poll.timers, 1, "sent armed no deadline on the loop: the test proves nothing")
 
 			tc.answer(upstream)
 			fds := []unix.PollFd{{Fd: int32(upFD), Events: unix.POLLIN}}
-			_, err = unix.Poll(fds, 5000)
+			_, err := unix.Poll(fds, 5000)
 			require.NoError(t, err)
 			require.NotZero(t, fds[0].Revents, "the answer did not arrive")
 			c.step(toClient, stepReadable)
