@@ -6,9 +6,10 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/apifailover/apifailover/internal/rawio"
 )
 
 // spliceMin is the least a queue must hold for the copy to splice it
@@ -84,7 +85,7 @@ func (r *rawCopier) pump() pumped {
 // src's next readability.
 func (r *rawCopier) pumpRaw(fd uintptr) bool {
 	bp := copyBufs.Get().(*[]byte)
-	n, errno := rawIO(unix.SYS_READ, fd, *bp)
+	n, errno := rawio.IO(unix.SYS_READ, fd, *bp)
 	switch {
 	case errno == unix.EAGAIN:
 		copyBufs.Put(bp)
@@ -153,7 +154,7 @@ func (r *rawCopier) write(b []byte) (int, error) {
 // false (wait for room) while dst's buffer is full, unless wonce.
 func (r *rawCopier) writeRaw(fd uintptr) bool {
 	for r.wn < len(r.wbuf) {
-		n, errno := rawIO(unix.SYS_WRITE, fd, r.wbuf[r.wn:])
+		n, errno := rawio.IO(unix.SYS_WRITE, fd, r.wbuf[r.wn:])
 		switch errno {
 		case 0:
 			r.wn += n
@@ -166,17 +167,6 @@ func (r *rawCopier) writeRaw(fd uintptr) bool {
 		}
 	}
 	return true
-}
-
-// rawIO is read(2) or write(2) (trap) of b on a non-blocking descriptor,
-// as a raw system call, retried on EINTR.
-func rawIO(trap, fd uintptr, b []byte) (int, syscall.Errno) {
-	for {
-		n, _, errno := unix.RawSyscall(trap, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
-		if errno != unix.EINTR {
-			return int(n), errno
-		}
-	}
 }
 
 // bulk splices what src has queued while that is at least spliceMin, if

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/apifailover/apifailover/internal/rawio"
 	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
@@ -345,7 +346,7 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 			return s
 		}
 		bp := copyBufs.Get().(*[]byte)
-		n, errno := rawIO(unix.SYS_READ, uintptr(src), *bp)
+		n, errno := rawio.IO(unix.SYS_READ, uintptr(src), *bp)
 		switch {
 		case errno == unix.EAGAIN:
 			copyBufs.Put(bp)
@@ -385,7 +386,7 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 func writeFD(fd int, b []byte) (int, syscall.Errno) {
 	w := 0
 	for w < len(b) {
-		n, errno := rawIO(unix.SYS_WRITE, uintptr(fd), b[w:])
+		n, errno := rawio.IO(unix.SYS_WRITE, uintptr(fd), b[w:])
 		if errno != 0 {
 			return w, errno
 		}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/apifailover/apifailover/internal/rawio"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
@@ -437,6 +438,9 @@ func (p *Prober) connectHeld(ctx context.Context, h *heldEndpoint) (*heldConn, e
 		h.failed(err)
 		return nil, err
 	}
+	// Its PINGs' reads and writes, as raw system calls, do not wake Go's
+	// sysmon (see rawio).
+	raw = rawio.Wrap(raw)
 	connect := time.Since(start)
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
