@@ -30,6 +30,7 @@ type PingLoopHooks struct {
 	Interval, IdleInterval, UnusedInterval, Seed time.Duration
 	InUse                                        func() bool
 	Busy                                         func() bool
+	Heard                                        func(within time.Duration) (time.Duration, bool)
 	Wake                                         <-chan struct{}
 	Ping                                         func(context.Context) error
 	Lost                                         <-chan struct{}
@@ -40,7 +41,7 @@ type PingLoopHooks struct {
 
 // RunPingLoopWith runs a PING schedule as RunPingLoop does, with h.
 func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, error) {
-	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, inUse: h.InUse, wake: h.Wake, ping: h.Ping, lost: h.Lost,
+	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, heard: h.Heard, inUse: h.InUse, wake: h.Wake, ping: h.Ping, lost: h.Lost,
 		lostErr: func() error { return errLost }, late: h.Late, answered: h.Answered, goingAway: h.GoingAway}
 	l.rtt.Sample(h.Seed)
 	return l.run(ctx)

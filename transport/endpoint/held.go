@@ -572,6 +572,9 @@ func (p *Prober) watchHeld(c *heldConn) {
 		l.wake, l.awake = c.h.wake, &c.h.awake
 		defer c.h.awake.Store(false)
 	}
+	if p.Heard != nil {
+		l.heard = func(within time.Duration) (time.Duration, bool) { return p.Heard(addr, within) }
+	}
 	if p.InUse != nil {
 		l.inUse = func() bool { return p.InUse(addr) }
 	}
@@ -614,6 +617,10 @@ type pingLoop struct {
 	// says it carries no connection at all.
 	interval, idleInterval, unusedInterval time.Duration
 	busy, inUse                            func() bool
+	// heard, if set, reports whether the server sent data on a client
+	// connection less than within ago, and how long ago: a busy PING
+	// waits until it has not for interval (see heardWait).
+	heard func(within time.Duration) (time.Duration, bool)
 	// wake, if set, is signalled when a request was just sent: a PING
 	// goes at once, or interval after the last one.
 	wake <-chan struct{}
@@ -675,6 +682,10 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			continue
 		case <-t.C:
 		}
+		if wait, ok := l.heardWait(); ok {
+			t.Reset(wait)
+			continue
+		}
 		l.last = time.Now()
 		f, err := l.pingOnce(ctx)
 		if f != 0 || err != nil || ctx.Err() != nil {
@@ -689,6 +700,27 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 		}
 		t.Reset(l.next())
 	}
+}
+
+// heardWait is how long a busy PING that is due waits, ok false if it
+// goes now: the server sent data on a client connection less than
+// interval ago, which says as much as an answered PING would, so the
+// PING waits until that data is interval old. The loop stays busy
+// meanwhile: only a PING's end asks Busy again, since data that arrives
+// in the same millisecond as a request, or after it, makes a request
+// that waits look answered (a server that froze after it gets its PING
+// interval after its last data). The idle PINGs always go, and a busy
+// one goes at least every IdlePingInterval, which keeps the connection
+// and its round-trip time fresh.
+func (l *pingLoop) heardWait() (time.Duration, bool) {
+	if l.idle || l.heard == nil || time.Since(l.last) >= max(l.idleInterval, l.interval) {
+		return 0, false
+	}
+	ago, heard := l.heard(l.interval)
+	if !heard {
+		return 0, false
+	}
+	return l.interval - ago, true
 }
 
 // setAwake sets awake, if the loop has one.

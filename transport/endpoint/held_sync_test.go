@@ -164,6 +164,82 @@ func TestPingLoopBusy(t *testing.T) {
 	})
 }
 
+// A busy endpoint whose server sends data on client connections is not
+// PINGed every Interval, only every IdleInterval (its flow-control
+// updates keep a client's connection waiting for two seconds after each
+// answer); once the server falls silent, the PINGs go every Interval
+// after its last data.
+func TestPingLoopBusyHeard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pings []time.Duration
+		start := time.Now()
+		ping := func(ctx context.Context) error { pings = append(pings, time.Since(start)); return nil }
+		silent := 5 * time.Second
+		heard := func(within time.Duration) (time.Duration, bool) {
+			ago := 10 * time.Millisecond // answers go on
+			if since := time.Since(start); since >= silent {
+				ago = since - silent
+			}
+			return ago, ago < within
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 7*time.Second)
+		defer cancel()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
+			Busy: func() bool { return true }, Heard: heard, Ping: ping,
+		})
+		talking := 0
+		for _, p := range pings {
+			if p < silent {
+				talking++
+			}
+		}
+		assert.InDelta(t, 3, talking, 1, "while the server sends data: the first PING, then one per 2s: %v", pings)
+		if assert.Greater(t, len(pings), talking, "no PING once the server fell silent") {
+			assert.LessOrEqual(t, pings[talking], silent+250*time.Millisecond, "the first PING goes 250ms after the server's last data")
+		}
+		assert.InDelta(t, 8, len(pings)-talking, 1, "then one per 250ms (±10%%) until 7s: %v", pings)
+	})
+}
+
+// Requests every 50ms to a server heard from each time (answered at
+// once): after the first wake's PING the loop looks at the server's data
+// every 250ms, not at each request, and PINGs only to keep the
+// connection fresh.
+func TestPingLoopWakeHeard(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		pings, looks := 0, 0
+		heard := func(within time.Duration) (time.Duration, bool) {
+			looks++
+			return 10 * time.Millisecond, 10*time.Millisecond < within
+		}
+		wake := make(chan struct{}, 1)
+		ticker := time.NewTicker(50 * time.Millisecond)
+		defer ticker.Stop()
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-ticker.C:
+				}
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
+			Busy: func() bool { return false }, Heard: heard, Wake: wake, Ping: func(context.Context) error { pings++; return nil },
+		})
+		assert.InDelta(t, 2, pings, 1, "the first wake's PING and one 2s later, in 3s")
+		assert.InDelta(t, 11, looks, 2, "a look at the server's data every 250ms, not one per request (60)")
+	})
+}
+
 // An endpoint that carries no connection at all is PINGed every
 // UnusedInterval; one that carries connections, none waiting, every
 // IdleInterval.

@@ -115,6 +115,16 @@ type Prober struct {
 	// millisecond of CPU. If nil, InUse stands in for it (nil too: every
 	// endpoint is busy).
 	Busy func(addr string) bool
+	// Heard, if set, reports whether addr sent data on one of the
+	// connections to it less than within ago, and how long ago: a PING
+	// that Busy calls for waits while it has, since an answered PING
+	// would say no more (a server that sends data is neither dead nor
+	// cut off, and answers PINGs on the same loop). A client reading an
+	// answer sends flow-control updates, which count as a request
+	// waiting (see BusyWindow): without Heard, every answer would cost
+	// the server PINGs every PingInterval for the next two seconds. The
+	// held connection is still PINGed every IdlePingInterval.
+	Heard func(addr string, within time.Duration) (ago time.Duration, ok bool)
 	// ReadyzInterval is how often ProbeHeld sends GET /readyz over a
 	// held connection whose PINGs are answered in time, to an endpoint in
 	// use (see InUse); probes between take the PINGs' word. If zero,
@@ -265,7 +275,7 @@ func (p *Prober) WithTLSFiles(files *TLSFiles) *Prober {
 func (p *Prober) copy() *Prober {
 	return &Prober{Mode: p.Mode, TLSConfig: p.TLSConfig, Host: p.Host, Authorization: p.Authorization, DialContext: p.DialContext,
 		TLSReloadInterval: p.TLSReloadInterval, Logger: p.Logger, PingInterval: p.PingInterval, IdlePingInterval: p.IdlePingInterval, UnusedPingInterval: p.UnusedPingInterval,
-		InUse: p.InUse, Busy: p.Busy, ReadyzInterval: p.ReadyzInterval, IdleReadyzInterval: p.IdleReadyzInterval, Reporter: p.Reporter, files: p.files}
+		InUse: p.InUse, Busy: p.Busy, Heard: p.Heard, ReadyzInterval: p.ReadyzInterval, IdleReadyzInterval: p.IdleReadyzInterval, Reporter: p.Reporter, files: p.files}
 }
 
 // Credentials says how probes authenticate: "bearer token", "client

@@ -162,6 +162,7 @@ func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 	if cfg.Prober != nil {
 		cfg.Prober.InUse = func(addr string) bool { return r.Len(addr) > 0 }
 		cfg.Prober.Busy = r.Busy
+		cfg.Prober.Heard = r.Heard
 	}
 	return r
 }
@@ -172,6 +173,18 @@ func NewRegistry[C Conn](cfg RegistryConfig) *Registry[C] {
 // waiting while it is open.
 func (r *Registry[C]) Busy(addr string) bool {
 	return slices.ContainsFunc(r.Conns(addr), waiting[C])
+}
+
+// Heard reports whether some connection to addr received data less
+// than within ago, and how long ago (that connection's); false if none
+// did or none can tell (see Busy).
+func (r *Registry[C]) Heard(addr string, within time.Duration) (ago time.Duration, ok bool) {
+	for _, c := range r.Conns(addr) {
+		if _, recv, clock := sinceData(c); clock && recv < within {
+			return recv, true
+		}
+	}
+	return 0, false
 }
 
 // waiting reports whether c waits for an answer (see Busy).

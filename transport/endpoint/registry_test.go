@@ -287,19 +287,25 @@ type clockConn struct {
 
 func (c *clockConn) SinceData() (time.Duration, time.Duration, bool) { return c.sent, c.recv, c.ok }
 
-// An endpoint is busy while one of its connections sent data less than
-// BusyWindow ago and received none since; a connection that cannot tell
-// counts as waiting. Registry.Wake wakes the Prober's held connection.
-func TestRegistryBusy(t *testing.T) {
+// clockRegistry is a registry of clockConns with a held Prober, and add,
+// which adds a connection to a.
+func clockRegistry(t *testing.T) (*endpoint.Prober, *endpoint.Registry[*clockConn], func(*clockConn)) {
 	p, err := endpoint.NewProber(endpoint.ProbeConfig{Mode: endpoint.ProbeHeld, ServerName: originName})
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	r := endpoint.NewRegistry[*clockConn](endpoint.RegistryConfig{Prober: p})
-	add := func(c *clockConn) {
+	return p, r, func(c *clockConn) {
 		mark := r.Begin()
 		defer r.End()
 		require.True(t, r.Add(a, c, mark))
 	}
+}
+
+// An endpoint is busy while one of its connections sent data less than
+// BusyWindow ago and received none since; a connection that cannot tell
+// counts as waiting. Registry.Wake wakes the Prober's held connection.
+func TestRegistryBusy(t *testing.T) {
+	p, r, add := clockRegistry(t)
 	assert.False(t, p.Busy(a), "no connection")
 	idle := &clockConn{sent: time.Minute, recv: time.Minute, ok: true}
 	add(idle)
@@ -326,6 +332,26 @@ func TestRegistryBusy(t *testing.T) {
 	assert.False(t, endpoint.Woken(p, other)) // makes the channel
 	r.Wake(other)
 	assert.True(t, endpoint.Woken(p, other))
+}
+
+// Heard finds a connection that received data within the given time,
+// skipping those that cannot tell.
+func TestRegistryHeard(t *testing.T) {
+	p, _, add := clockRegistry(t)
+	_, ok := p.Heard(a, time.Second)
+	assert.False(t, ok, "no connection")
+	add(&clockConn{ok: false})
+	add(&clockConn{sent: 0, recv: time.Minute, ok: true})
+	_, ok = p.Heard(a, time.Second)
+	assert.False(t, ok, "one cannot tell, one heard a minute ago")
+	add(&clockConn{sent: 0, recv: 40 * time.Millisecond, ok: true})
+	ago, ok := p.Heard(a, time.Second)
+	assert.True(t, ok)
+	assert.Equal(t, 40*time.Millisecond, ago)
+	_, ok = p.Heard(a, 40*time.Millisecond)
+	assert.False(t, ok, "40ms ago is not within 40ms")
+	_, ok = p.Heard(other, time.Hour)
+	assert.False(t, ok, "another endpoint")
 }
 
 // SinceData reads the kernel's clock of a TCP connection's data, through
