@@ -282,6 +282,23 @@ func (c *conn) sinceData(sock int) (sent, recv time.Duration, ok bool) {
 	return endpoint.SinceData(nc)
 }
 
+// SinceHeard tells how long ago the upstream connection last received
+// data, false if it never did (endpoint.Registry.Heard): a connection
+// is registered once connected, before its server said anything.
+func (c *conn) SinceHeard() (time.Duration, bool) {
+	c.mu.Lock()
+	if c.ev != nil {
+		defer c.mu.Unlock()
+		return c.heardLocked()
+	}
+	nc := c.upRaw
+	c.mu.Unlock()
+	if nc == nil {
+		return 0, false
+	}
+	return endpoint.SinceHeard(nc)
+}
+
 // isClosed reports whether the proxy closed c.
 func (c *conn) isClosed() bool {
 	c.mu.Lock()

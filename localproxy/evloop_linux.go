@@ -575,6 +575,14 @@ func (c *conn) sinceDataLocked(sock int) (sent, recv time.Duration, ok bool) {
 	return endpoint.SinceDataFD(c.ev.fds[sock])
 }
 
+// heardLocked is SinceHeard through the loop's descriptor, under c.mu.
+func (c *conn) heardLocked() (time.Duration, bool) {
+	if c.closed {
+		return 0, false
+	}
+	return endpoint.SinceHeardFD(c.ev.fds[1])
+}
+
 // loopFDs returns the descriptors of a loop connection (c.ev set), under
 // c.mu.
 func (c *conn) loopFDs() [2]int { return c.ev.fds }

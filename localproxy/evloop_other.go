@@ -16,6 +16,7 @@ func (c *conn) toLoop() bool                                            { return
 func (c *conn) onEvent(int, uint32)                                     {}
 func (c *conn) closeLoop(*evConn, bool)                                 {}
 func (c *conn) sinceDataLocked(int) (sent, recv time.Duration, ok bool) { return 0, 0, false }
+func (c *conn) heardLocked() (time.Duration, bool)                      { return 0, false }
 func (c *conn) loopFDs() [2]int                                         { return [2]int{-1, -1} }
 
 // loopDial and loopListener: no dial or accept on a loop here.

@@ -206,6 +206,15 @@ func (c *clientConn) SinceData() (sent, recv time.Duration, ok bool) {
 	return endpoint.SinceData(c.conn)
 }
 
+// SinceHeard tells how long ago the server last sent the connection
+// data, false if it never did (endpoint.Registry.Heard).
+func (c *clientConn) SinceHeard() (time.Duration, bool) {
+	if c.conn == nil {
+		return 0, false
+	}
+	return endpoint.SinceHeard(c.conn)
+}
+
 // gotConn reports the connection a request is about to be sent on to the
 // request's httptrace.ClientTrace, as http.Transport does: its RemoteAddr
 // is the endpoint serving the request.

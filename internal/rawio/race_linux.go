@@ -14,17 +14,19 @@ import (
 // synchronised through the network see no race. The scheduler sees
 // these calls, as it does those of Go's own connections.
 func connIO(trap, fd uintptr, b []byte) (int, syscall.Errno) {
-	var (
-		n   int
-		err error
-	)
-	if trap == unix.SYS_READ {
-		n, err = syscall.Read(int(fd), b)
-	} else {
-		n, err = syscall.Write(int(fd), b)
+	for {
+		var (
+			n   int
+			err error
+		)
+		if trap == unix.SYS_READ {
+			n, err = syscall.Read(int(fd), b)
+		} else {
+			n, err = syscall.Write(int(fd), b)
+		}
+		errno, _ := err.(syscall.Errno)
+		if errno != unix.EINTR {
+			return max(n, 0), errno
+		}
 	}
-	if errno, ok := err.(syscall.Errno); ok {
-		return max(n, 0), errno
-	}
-	return n, 0
 }

@@ -87,6 +87,9 @@ func (c *conn) Write(b []byte) (int, error) {
 			n, errno = connIO(unix.SYS_WRITE, fd, b[w:])
 			switch errno {
 			case 0:
+				if n == 0 {
+					return true // as Go's: io.ErrUnexpectedEOF
+				}
 				w += n
 			case unix.EAGAIN:
 				errno = 0
@@ -102,6 +105,8 @@ func (c *conn) Write(b []byte) (int, error) {
 		return w, c.opError("write", err)
 	case errno != 0:
 		return w, c.opError("write", os.NewSyscallError("write", errno))
+	case w < len(b):
+		return w, c.opError("write", io.ErrUnexpectedEOF)
 	}
 	return w, nil
 }

@@ -84,3 +84,11 @@ func Awake(p *Prober, addr string) bool {
 	h, err := p.held.get(addr)
 	return err == nil && h.awake.Load()
 }
+
+// RequestFailed is the error of a held connection's GET /readyz sent at
+// start that got none (err), heard telling whether the server sent data
+// on a client connection since.
+func RequestFailed(err error, start time.Time, heard bool) error {
+	c := &heldConn{w: &watchedConn{lost: make(chan struct{})}}
+	return c.requestFailed(err, start, heard)
+}

@@ -498,7 +498,11 @@ func (p *Prober) readyzHeld(ctx context.Context, c *heldConn) error {
 	start := time.Now()
 	resp, err := c.cc.RoundTrip(req)
 	if err != nil {
-		return c.requestFailed(err, start)
+		heard := false
+		if p.Heard != nil {
+			_, heard = p.Heard(c.h.addr, time.Since(start))
+		}
+		return c.requestFailed(err, start, heard)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProbeResponse))
@@ -509,16 +513,19 @@ func (p *Prober) readyzHeld(ctx context.Context, c *heldConn) error {
 }
 
 // requestFailed is the error of a GET /readyz sent at start that got no
-// answer. A server that answered a PING since but not the request is up
-// but not ready (a ReadyzError if it timed out, as with ProbeReadyz); one
-// that answered neither, or lost the connection, is not.
-func (c *heldConn) requestFailed(err error, start time.Time) error {
+// answer. A server that answered a PING since, or sent data on a client
+// connection since (heard: a busy PING waits while it does, see
+// heardWait), but did not answer the request is up but not ready (a
+// ReadyzError if it timed out, as with ProbeReadyz): kube-apiserver
+// waiting for etcd serves reads from its cache. One that did neither, or
+// lost the connection, is not.
+func (c *heldConn) requestFailed(err error, start time.Time, heard bool) error {
 	select {
 	case <-c.w.lost:
 		return fmt.Errorf("GET /readyz: held connection lost: %w", err)
 	default:
 	}
-	if c.lastAck.Load() > start.UnixNano() {
+	if heard || c.lastAck.Load() > start.UnixNano() {
 		return readyzFailed(err)
 	}
 	return fmt.Errorf("GET /readyz: no answer, nor to a PING, in time: %w", err)
@@ -702,6 +709,11 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	}
 }
 
+// heardSkips: a busy PING goes at least every heardSkips PingIntervals
+// (1s by default), however recently the server was heard: data in its
+// kernel's send buffer still arrives after the process froze.
+const heardSkips = 4
+
 // heardWait is how long a busy PING that is due waits, ok false if it
 // goes now: the server sent data on a client connection less than
 // interval ago, which says as much as an answered PING would, so the
@@ -710,14 +722,15 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 // in the same millisecond as a request, or after it, makes a request
 // that waits look answered (a server that froze after it gets its PING
 // interval after its last data). The idle PINGs always go, and a busy
-// one goes at least every IdlePingInterval, which keeps the connection
-// and its round-trip time fresh.
+// one goes at least every heardSkips intervals (or IdlePingInterval if
+// shorter), which also keeps the connection and its round-trip time
+// fresh.
 func (l *pingLoop) heardWait() (time.Duration, bool) {
-	if l.idle || l.heard == nil || time.Since(l.last) >= max(l.idleInterval, l.interval) {
+	if l.idle || l.heard == nil || time.Since(l.last) >= min(max(l.idleInterval, l.interval), heardSkips*l.interval) {
 		return 0, false
 	}
 	ago, heard := l.heard(l.interval)
-	if !heard {
+	if !heard || ago < 0 || ago >= l.interval {
 		return 0, false
 	}
 	return l.interval - ago, true

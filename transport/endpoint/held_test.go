@@ -346,6 +346,20 @@ func TestHeldProbeReadyzError(t *testing.T) {
 	assert.LessOrEqual(t, s.handshakes.Load(), int32(2), "a timed-out probe closes the connection; a 500 does not")
 }
 
+// A /readyz that timed out with no PING answered since is a ReadyzError
+// (up, not ready: drained, not cut) when the server sent data on a
+// client connection meanwhile: the busy PINGs wait while it does, as it
+// says as much (kube-apiserver waiting for etcd serves its cache).
+func TestHeldReadyzTimeoutHeard(t *testing.T) {
+	start := time.Now().Add(-time.Second)
+	err := endpoint.RequestFailed(context.DeadlineExceeded, start, false)
+	var re *endpoint.ReadyzError
+	assert.False(t, errors.As(err, &re), "neither PING nor data: %v", err)
+	err = endpoint.RequestFailed(context.DeadlineExceeded, start, true)
+	require.ErrorAs(t, err, &re)
+	assert.True(t, re.TimedOut)
+}
+
 // A server that stops answering is reported as soon as a PING goes
 // unanswered past its timeout (late), and again when it stays unanswered
 // past the confirmation, with no probe in between; the next probe fails

@@ -86,6 +86,12 @@ type dataClock interface {
 	SinceData() (sent, recv time.Duration, ok bool)
 }
 
+// heardClock is a Conn that tells how long ago its server last sent it
+// data, false if it never did (SinceHeard).
+type heardClock interface {
+	SinceHeard() (recv time.Duration, ok bool)
+}
+
 // Registry is a front end's one registry of connections by endpoint, and
 // the drain policy both front ends share. Driven by the pool's events
 // (OnEvent), it:
@@ -177,10 +183,14 @@ func (r *Registry[C]) Busy(addr string) bool {
 
 // Heard reports whether some connection to addr received data less
 // than within ago, and how long ago (that connection's); false if none
-// did or none can tell (see Busy).
+// did or none can tell (a Conn that is not a heardClock).
 func (r *Registry[C]) Heard(addr string, within time.Duration) (ago time.Duration, ok bool) {
 	for _, c := range r.Conns(addr) {
-		if _, recv, clock := sinceData(c); clock && recv < within {
+		hc, isClock := any(c).(heardClock)
+		if !isClock {
+			continue
+		}
+		if recv, heard := hc.SinceHeard(); heard && recv < within {
 			return recv, true
 		}
 	}

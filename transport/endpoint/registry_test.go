@@ -283,9 +283,12 @@ type clockConn struct {
 	fakeConn
 	sent, recv time.Duration
 	ok         bool
+	// unheard: nothing received yet (recv runs from the handshake).
+	unheard bool
 }
 
 func (c *clockConn) SinceData() (time.Duration, time.Duration, bool) { return c.sent, c.recv, c.ok }
+func (c *clockConn) SinceHeard() (time.Duration, bool)               { return c.recv, c.ok && !c.unheard }
 
 // clockRegistry is a registry of clockConns with a held Prober, and add,
 // which adds a connection to a.
@@ -342,8 +345,9 @@ func TestRegistryHeard(t *testing.T) {
 	assert.False(t, ok, "no connection")
 	add(&clockConn{ok: false})
 	add(&clockConn{sent: 0, recv: time.Minute, ok: true})
+	add(&clockConn{sent: 0, recv: 10 * time.Millisecond, ok: true, unheard: true})
 	_, ok = p.Heard(a, time.Second)
-	assert.False(t, ok, "one cannot tell, one heard a minute ago")
+	assert.False(t, ok, "one cannot tell, one heard a minute ago, one connected 10ms ago and never heard")
 	add(&clockConn{sent: 0, recv: 40 * time.Millisecond, ok: true})
 	ago, ok := p.Heard(a, time.Second)
 	assert.True(t, ok)
@@ -372,11 +376,15 @@ func TestSinceData(t *testing.T) {
 
 	_, _, ok := endpoint.SinceData(&net.UnixConn{})
 	assert.False(t, ok, "not TCP")
+	_, ok = endpoint.SinceHeard(&net.UnixConn{})
+	assert.False(t, ok, "not TCP")
 	time.Sleep(30 * time.Millisecond)
 	sent, recv, ok := endpoint.SinceData(client)
 	require.True(t, ok)
 	assert.GreaterOrEqual(t, sent, 20*time.Millisecond, "no data sent yet")
 	assert.GreaterOrEqual(t, recv, 20*time.Millisecond)
+	_, ok = endpoint.SinceHeard(client)
+	assert.False(t, ok, "nothing received: the handshake is not the server speaking")
 
 	_, err = client.Write([]byte("GET"))
 	require.NoError(t, err)
@@ -393,6 +401,9 @@ func TestSinceData(t *testing.T) {
 	sent, recv, ok = endpoint.SinceData(client)
 	require.True(t, ok)
 	assert.LessOrEqual(t, recv, sent, "answered")
+	heard, ok := endpoint.SinceHeard(tls.Client(client, &tls.Config{}))
+	require.True(t, ok, "heard, through *tls.Conn")
+	assert.Less(t, heard, 20*time.Millisecond)
 }
 
 // CloseOldest closes one connection at a time, oldest first across the

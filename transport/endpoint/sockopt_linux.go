@@ -41,34 +41,61 @@ func setUserTimeoutFD(fd int, d time.Duration) error {
 // resolution; ACKs and keepalives are not data). ok is false when nc is
 // not over TCP or the kernel does not tell.
 func SinceData(nc net.Conn) (sent, recv time.Duration, ok bool) {
+	onFD(nc, func(fd int) { sent, recv, ok = SinceDataFD(fd) })
+	return sent, recv, ok
+}
+
+// SinceHeard returns how long ago the TCP connection under nc (as
+// SinceData) last received data; ok is false if it never received any,
+// or cannot tell: the kernel's clock of received data starts at the
+// handshake, which a stopped process's kernel still completes.
+func SinceHeard(nc net.Conn) (recv time.Duration, ok bool) {
+	onFD(nc, func(fd int) { recv, ok = SinceHeardFD(fd) })
+	return recv, ok
+}
+
+// onFD calls f with the descriptor of the TCP connection under nc, if
+// any.
+func onFD(nc net.Conn, f func(fd int)) {
 	tc := tcpUnder(nc)
 	if tc == nil {
-		return 0, 0, false
+		return
 	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return 0, 0, false
+	if rc, err := tc.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { f(int(fd)) })
 	}
-	if err := rc.Control(func(fd uintptr) { sent, recv, ok = SinceDataFD(int(fd)) }); err != nil {
-		return 0, 0, false
-	}
-	return sent, recv, ok
 }
 
 // SinceDataFD is SinceData of the TCP socket fd.
 func SinceDataFD(fd int) (sent, recv time.Duration, ok bool) {
-	// A raw call: it cannot block, and the scheduler does not see it. A
-	// system call the runtime sees wakes its monitor thread (sysmon) if
-	// every P was idle, and while the proxy's event loop then holds its
-	// P that thread polls every 20-90µs: the PING schedule asks this
-	// of every connection, at every request.
-	var info unix.TCPInfo
-	size := uint32(unix.SizeofTCPInfo)
-	if _, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
-		uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0); errno != 0 {
+	info, ok := tcpInfo(fd)
+	if !ok {
 		return 0, 0, false
 	}
 	return time.Duration(info.Last_data_sent) * time.Millisecond, time.Duration(info.Last_data_recv) * time.Millisecond, true
+}
+
+// SinceHeardFD is SinceHeard of the TCP socket fd.
+func SinceHeardFD(fd int) (recv time.Duration, ok bool) {
+	info, ok := tcpInfo(fd)
+	if !ok || info.Bytes_received == 0 {
+		return 0, false
+	}
+	return time.Duration(info.Last_data_recv) * time.Millisecond, true
+}
+
+// tcpInfo reads the TCP socket fd's TCP_INFO. A raw call: it cannot
+// block, and the scheduler does not see it. A system call the runtime
+// sees wakes its monitor thread (sysmon) if every P was idle, and while
+// the proxy's event loop then holds its P that thread polls every
+// 20-90µs: the PING schedule asks this of every connection, at every
+// request.
+func tcpInfo(fd int) (unix.TCPInfo, bool) {
+	var info unix.TCPInfo
+	size := uint32(unix.SizeofTCPInfo)
+	_, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
+	return info, errno == 0
 }
 
 // TuneTCPListener sets on a TCP socket about to listen what TuneTCP sets

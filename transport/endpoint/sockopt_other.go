@@ -15,6 +15,9 @@ func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 // SinceData cannot tell here: ok is always false.
 func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, false }
 
+// SinceHeard cannot tell here: ok is always false.
+func SinceHeard(net.Conn) (recv time.Duration, ok bool) { return 0, false }
+
 // TuneTCPListener is not done here: accepted sockets are tuned with
 // TuneTCP.
 func TuneTCPListener(syscall.RawConn, time.Duration, time.Duration) error {
