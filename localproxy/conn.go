@@ -264,39 +264,43 @@ func (c *conn) finish() {
 func (c *conn) SinceData() (sent, recv time.Duration, ok bool) { return c.sinceData(1) }
 
 // sinceData is endpoint.SinceData of c's client socket (sock 0) or its
-// upstream's (1), through the loop's descriptor once c is on the loop.
+// upstream's (1).
 func (c *conn) sinceData(sock int) (sent, recv time.Duration, ok bool) {
+	c.onSocket(sock, func(fd int) { sent, recv, ok = endpoint.SinceDataFD(fd) },
+		func(nc net.Conn) { sent, recv, ok = endpoint.SinceData(nc) })
+	return sent, recv, ok
+}
+
+// SinceHeard tells how long ago the upstream connection last received
+// data, false if it never did (endpoint.Registry.Heard): a connection
+// is registered once connected, before its server said anything.
+func (c *conn) SinceHeard() (recv time.Duration, ok bool) {
+	c.onSocket(1, func(fd int) { recv, ok = endpoint.SinceHeardFD(fd) },
+		func(nc net.Conn) { recv, ok = endpoint.SinceHeard(nc) })
+	return recv, ok
+}
+
+// onSocket calls onFD with the loop's descriptor of c's client socket
+// (sock 0) or its upstream's (1) once c is on the loop, under c.mu so
+// that it stays open (not at all once c is closed), or onConn with its
+// net.Conn before, if it has one.
+func (c *conn) onSocket(sock int, onFD func(fd int), onConn func(net.Conn)) {
 	c.mu.Lock()
 	if c.ev != nil {
 		defer c.mu.Unlock()
-		return c.sinceDataLocked(sock)
+		if !c.closed {
+			onFD(c.loopFDs()[sock])
+		}
+		return
 	}
 	nc := c.client
 	if sock == 1 {
 		nc = c.upRaw
 	}
 	c.mu.Unlock()
-	if nc == nil {
-		return 0, 0, false
+	if nc != nil {
+		onConn(nc)
 	}
-	return endpoint.SinceData(nc)
-}
-
-// SinceHeard tells how long ago the upstream connection last received
-// data, false if it never did (endpoint.Registry.Heard): a connection
-// is registered once connected, before its server said anything.
-func (c *conn) SinceHeard() (time.Duration, bool) {
-	c.mu.Lock()
-	if c.ev != nil {
-		defer c.mu.Unlock()
-		return c.heardLocked()
-	}
-	nc := c.upRaw
-	c.mu.Unlock()
-	if nc == nil {
-		return 0, false
-	}
-	return endpoint.SinceHeard(nc)
 }
 
 // isClosed reports whether the proxy closed c.

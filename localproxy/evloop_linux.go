@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/apifailover/apifailover/internal/rawio"
-	"github.com/apifailover/apifailover/transport/endpoint"
 )
 
 // The event loop: a connection whose two sockets are TCP is copied by the
@@ -564,23 +563,6 @@ func (c *conn) closeLoop(ev *evConn, gently bool) {
 	if ev.fds[1] >= 0 { // -1: c was still dialing
 		unix.Close(ev.fds[1])
 	}
-}
-
-// sinceDataLocked is SinceData of socket sock (0: the client's, 1: the
-// upstream's) of a loop connection, under c.mu; ok false once closed.
-func (c *conn) sinceDataLocked(sock int) (sent, recv time.Duration, ok bool) {
-	if c.closed {
-		return 0, 0, false
-	}
-	return endpoint.SinceDataFD(c.ev.fds[sock])
-}
-
-// heardLocked is SinceHeard through the loop's descriptor, under c.mu.
-func (c *conn) heardLocked() (time.Duration, bool) {
-	if c.closed {
-		return 0, false
-	}
-	return endpoint.SinceHeardFD(c.ev.fds[1])
 }
 
 // loopFDs returns the descriptors of a loop connection (c.ev set), under

@@ -5,19 +5,16 @@ package localproxy
 import (
 	"net"
 	"syscall"
-	"time"
 )
 
 // evConn: elsewhere than on Linux there is no event loop, and goroutines
 // copy. Never set: its upID is what finish reads on Linux.
 type evConn struct{ upID uint64 }
 
-func (c *conn) toLoop() bool                                            { return false }
-func (c *conn) onEvent(int, uint32)                                     {}
-func (c *conn) closeLoop(*evConn, bool)                                 {}
-func (c *conn) sinceDataLocked(int) (sent, recv time.Duration, ok bool) { return 0, 0, false }
-func (c *conn) heardLocked() (time.Duration, bool)                      { return 0, false }
-func (c *conn) loopFDs() [2]int                                         { return [2]int{-1, -1} }
+func (c *conn) toLoop() bool            { return false }
+func (c *conn) onEvent(int, uint32)     {}
+func (c *conn) closeLoop(*evConn, bool) {}
+func (c *conn) loopFDs() [2]int         { return [2]int{-1, -1} }
 
 // loopDial and loopListener: no dial or accept on a loop here.
 type (

@@ -18,6 +18,12 @@ func SinceData(net.Conn) (sent, recv time.Duration, ok bool) { return 0, 0, fals
 // SinceHeard cannot tell here: ok is always false.
 func SinceHeard(net.Conn) (recv time.Duration, ok bool) { return 0, false }
 
+// SinceDataFD cannot tell here: ok is always false.
+func SinceDataFD(int) (sent, recv time.Duration, ok bool) { return 0, 0, false }
+
+// SinceHeardFD cannot tell here: ok is always false.
+func SinceHeardFD(int) (recv time.Duration, ok bool) { return 0, false }
+
 // TuneTCPListener is not done here: accepted sockets are tuned with
 // TuneTCP.
 func TuneTCPListener(syscall.RawConn, time.Duration, time.Duration) error {
