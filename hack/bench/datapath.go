@@ -70,6 +70,11 @@ type datapathConfig struct {
 	// ShortConns is the count of short connections per contender, split
 	// over Rounds (0: none).
 	ShortConns int `json:"short_conns"`
+	// Link is the rate of the link the throughput is measured across
+	// again (-datapath-link, tc's notation; "": not measured), LinkBits
+	// the same in bits per second.
+	Link     string `json:"link,omitempty"`
+	LinkBits uint64 `json:"link_bits_per_s,omitempty"`
 }
 
 // shortBytes is what the sink sends on a short connection.
@@ -151,6 +156,17 @@ type DatapathResults struct {
 	Throughput []DatapathThroughputRow `json:"throughput"`
 	Short      []DatapathShortRow      `json:"short_connections,omitempty"`
 	Idle       []DatapathIdleRow       `json:"idle"`
+	// Link is the throughput across a shaped link (link.go); nil: not
+	// measured.
+	Link  *DatapathLinkResults `json:"link,omitempty"`
+	Error string               `json:"error,omitempty"`
+}
+
+// DatapathLinkResults is the throughput measured across a link.
+type DatapathLinkResults struct {
+	// Rate is the link's rate each way, in tc's notation.
+	Rate       string                  `json:"rate"`
+	Throughput []DatapathThroughputRow `json:"throughput"`
 	Error      string                  `json:"error,omitempty"`
 }
 
@@ -723,5 +739,16 @@ func runDatapath(ctx context.Context, e *env, paths []string, cfg datapathConfig
 		r.Idle = append(r.Idle, rows...)
 	}
 	fillIdleRatios(r.Idle)
+	if cfg.LinkBits > 0 && ctx.Err() == nil {
+		// The contenders' ports are the link's contenders' too.
+		for _, c := range cs {
+			c.stop()
+		}
+		cs = nil
+		r.Link = runLink(ctx, e, names, cfg, say)
+		if r.Link.Error != "" {
+			failures = append(failures, "data path across a link: "+r.Link.Error)
+		}
+	}
 	return r, failures
 }

@@ -131,6 +131,7 @@ func main() {
 	flag.BoolVar(&o.datapathOnly, "datapath-only", false, "run only the data-path measurement")
 	flag.IntVar(&o.datapath.MiB, "datapath-mib", 1024, "MiB each way through each contender in the throughput measurement")
 	flag.IntVar(&o.datapath.Rounds, "datapath-rounds", 4, "interleaved rounds of the throughput measurement")
+	flag.StringVar(&o.datapath.Link, "datapath-link", defaultLinkRate, "rate of the link (veth, shaped with tc tbf each way) the throughput is measured across again, with the sink behind it as an apiserver is behind a node's NIC: a whole number of mbit or gbit, or none")
 	flag.IntVar(&o.datapath.ShortConns, "short-conns", 4000, "short connections (a request, 2 KiB back, the sink's close) through each contender, one at a time, split over -datapath-rounds (0: none)")
 	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
 	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest")
@@ -203,6 +204,14 @@ func (o *options) validate() error {
 	}
 	if d.ShortConns < 0 || (d.ShortConns > 0 && d.ShortConns < d.Rounds) {
 		return fmt.Errorf("-short-conns: %d; 0 (none) or at least -datapath-rounds (%d)", d.ShortConns, d.Rounds)
+	}
+	bits, err := parseLinkRate(d.Link)
+	if err != nil {
+		return err
+	}
+	d.LinkBits = bits
+	if bits == 0 {
+		d.Link = ""
 	}
 	d.IdleConns = nil
 	for _, f := range splitList(o.idleConns) {

@@ -270,13 +270,18 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 	if len(d.Throughput) > 0 {
 		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds)
 		w("")
-		w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy | machine CPU s/GiB | busy | CPU bound vs direct |")
-		w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-		for _, r := range d.Throughput {
-			w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), fmtPositive("%.3f", r.ProxyCPUPerGiB), fmtRatio(r.CPUVsHAProxy),
-				r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
-		}
+		throughputTable(w, d.Throughput)
+	}
+	if l := d.Link; l != nil {
+		w("Throughput across a %s link: the same measurement with the sink in a network namespace of its own, behind a veth pair (MTU 1500) shaped to %s each way with tc's token bucket filter, as an apiserver is behind a node's NIC; the client and the proxies on this side, fresh instances. There the link, not the machine's CPU, bounds the direct path: a proxy that keeps up with it reaches 1.00× of direct.", l.Rate, l.Rate)
 		w("")
+		if l.Error != "" {
+			w("Error: %s", l.Error)
+			w("")
+		}
+		if len(l.Throughput) > 0 {
+			throughputTable(w, l.Throughput)
+		}
 	}
 	if len(d.Short) > 0 {
 		w("Short connections: %d per contender, one at a time, in %d interleaved rounds; each sends the sink's request (9 bytes), reads its answer and %d bytes, and the sink closes: what a connection's setup and teardown cost. Proxy CPU: as above, per connection, health checks included. Machine CPU: busy time of all cores per connection, the client's, the sink's and the kernel's work included.", c.ShortConns, c.Rounds, shortBytes)
@@ -324,4 +329,15 @@ func intList(ns []int) string {
 		parts[i] = strconv.Itoa(n)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// throughputTable writes the data path's throughput rows as a table.
+func throughputTable(w func(string, ...any), rows []DatapathThroughputRow) {
+	w("| direction | path | MiB/s | vs haproxy | vs direct | proxy CPU s/GiB | vs haproxy | machine CPU s/GiB | busy | CPU bound vs direct |")
+	w("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rows {
+		w("| %s | %s | %.0f | %s | %s | %s | %s | %.3f | %.0f%% | %s |", r.Direction, r.Path, r.MiBPerSec, fmtRatio(r.VsHAProxy), fmtRatio(r.VsDirect), fmtPositive("%.3f", r.ProxyCPUPerGiB), fmtRatio(r.CPUVsHAProxy),
+			r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
+	}
+	w("")
 }

@@ -24,6 +24,21 @@ type Proc struct {
 // StartProc starts path with args, logging to logPath, and waits until
 // addr accepts TCP connections (or the process exits, or 10s pass).
 func StartProc(ctx context.Context, name, logPath, addr string, path string, args ...string) (*Proc, error) {
+	return StartProcWith(ctx, ProcOptions{}, name, logPath, addr, path, args...)
+}
+
+// ProcOptions are what StartProcWith does beyond StartProc.
+type ProcOptions struct {
+	// NewNetns starts the process in a network namespace of its own,
+	// with no link but a loopback that is down: Started connects it.
+	NewNetns bool
+	// Started, if set, is called with the process's PID once it runs,
+	// before the wait for its address; an error stops the process.
+	Started func(pid int) error
+}
+
+// StartProcWith is StartProc with opts.
+func StartProcWith(ctx context.Context, opts ProcOptions, name, logPath, addr string, path string, args ...string) (*Proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -32,6 +47,9 @@ func StartProc(ctx context.Context, name, logPath, addr string, path string, arg
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if opts.NewNetns {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -43,6 +61,12 @@ func StartProc(ctx context.Context, name, logPath, addr string, path string, arg
 		lf.Close()
 		close(p.done)
 	}()
+	if opts.Started != nil {
+		if err := opts.Started(cmd.Process.Pid); err != nil {
+			p.Stop()
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()

@@ -6,6 +6,7 @@ package bedtest
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -47,6 +48,23 @@ func Main(m *testing.M, after func(code int) int) {
 // missing prerequisites fail, never skip.
 func Strict() bool {
 	return os.Getenv("CI") == "true" || os.Getenv("APIFAILOVER_E2E") == "1"
+}
+
+// Netns skips t, or fails it in strict runs, when the tests do not run
+// in a private network namespace (Main could not make one).
+func Netns(t *testing.T) {
+	t.Helper()
+	if netnsErr == nil && testbed.InNetns() {
+		return
+	}
+	err := netnsErr
+	if err == nil {
+		err = errors.New("the package's TestMain is not bedtest.Main")
+	}
+	if Strict() {
+		t.Fatalf("no private network namespace: %v", err)
+	}
+	t.Skipf("no private network namespace (set APIFAILOVER_E2E=1 to fail instead): %v", err)
 }
 
 // Start starts a bed and closes it when the test ends. Outside strict runs

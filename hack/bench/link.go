@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/apifailover/apifailover/hack/peers"
+)
+
+// The data path across a link: the throughput measurement again, with the
+// sink in a network namespace of its own behind a veth pair shaped to a
+// node NIC's rate each way (tc's token bucket filter; the veth's MTU,
+// 1500, as an Ethernet NIC's), and fresh contenders in front of it. The
+// client and the proxies are on this side, as kubelet and localproxy are
+// on a node, and the sink across the link, as the apiservers are.
+//
+// On the bed's loopback the direct path is bound by the machine's CPU,
+// and a proxy, whose bytes cross the kernel's TCP stack twice, gets about
+// half of it however little it spends itself. On a node the link bounds
+// the direct path, and the question is whether the proxy keeps up with
+// it on the CPU the client leaves.
+
+const (
+	// linkHost is the veth end on the bench's side, linkSink the sink's.
+	linkHost = "dplink0"
+	linkSink = "dplink1"
+	// The link's addresses, from a range no bed uses.
+	linkHostAddr = "10.251.0.1"
+	linkSinkAddr = "10.251.0.2"
+	linkPrefix   = "/30"
+	// linkLatency bounds the shaper's queue: what waits longer is
+	// dropped, as at a NIC's full ring.
+	linkLatency = "4ms"
+	// linkMinBurst is the token bucket's least size in bytes: at least a
+	// few full segments.
+	linkMinBurst = 64 << 10
+)
+
+// defaultLinkRate is -datapath-link's default: a common NIC of a node.
+const defaultLinkRate = "10gbit"
+
+var linkRateRE = regexp.MustCompile(`^([1-9][0-9]{0,5})(mbit|gbit)$`)
+
+// parseLinkRate checks -datapath-link: a rate as tc writes it, from
+// 1mbit to 999999gbit; "" or "none": no measurement across a link. It
+// returns the rate in bits per second (0: none).
+func parseLinkRate(s string) (uint64, error) {
+	if s == "" || s == "none" {
+		return 0, nil
+	}
+	m := linkRateRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("-datapath-link %q: a rate such as 10gbit or 2500mbit (a whole number of mbit or gbit), or none", s)
+	}
+	n, _ := strconv.ParseUint(m[1], 10, 64)
+	unit := uint64(1e6)
+	if m[2] == "gbit" {
+		unit = 1e9
+	}
+	return n * unit, nil
+}
+
+// tbfArgs are tc's arguments that shape dev's egress to bits per second:
+// a bucket of a millisecond at that rate (at least linkMinBurst), a
+// queue of linkLatency.
+func tbfArgs(dev string, bits uint64) []string {
+	burst := max(bits/8/1000, linkMinBurst)
+	return []string{"qdisc", "add", "dev", dev, "root", "tbf",
+		"rate", strconv.FormatUint(bits, 10) + "bit", "burst", strconv.FormatUint(burst, 10), "latency", linkLatency}
+}
+
+// linkSteps are the commands that connect the network namespace of
+// process pid to this one by a veth pair shaped to bits per second each
+// way: linkHostAddr here, linkSinkAddr there.
+func linkSteps(pid int, bits uint64) [][]string {
+	ns := "--net=/proc/" + strconv.Itoa(pid) + "/ns/net"
+	in := func(args ...string) []string { return append([]string{"nsenter", ns}, args...) }
+	return [][]string{
+		{"ip", "link", "add", linkHost, "type", "veth", "peer", "name", linkSink, "netns", strconv.Itoa(pid)},
+		{"ip", "addr", "add", linkHostAddr + linkPrefix, "dev", linkHost},
+		{"ip", "link", "set", linkHost, "up"},
+		append([]string{"tc"}, tbfArgs(linkHost, bits)...),
+		in("ip", "link", "set", "lo", "up"),
+		in("ip", "addr", "add", linkSinkAddr+linkPrefix, "dev", linkSink),
+		in("ip", "link", "set", linkSink, "up"),
+		in(append([]string{"tc"}, tbfArgs(linkSink, bits)...)...),
+	}
+}
+
+// runSteps runs each command, stopping at the first that fails.
+func runSteps(steps [][]string) error {
+	for _, s := range steps {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(s, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// dropLink removes the bench's end of the link, and with it the pair
+// (the sink's namespace also drops it when the sink exits).
+func dropLink() { _ = exec.Command("ip", "link", "del", linkHost).Run() }
+
+// startLinkedSink starts the sink, with cert and its files in dir, in a
+// network namespace of its own, listening on ports on every address
+// there, and connects it by a link shaped to bits per second; it returns
+// the process and the addresses to reach the ports at.
+func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, ports []int, bits uint64) (*proc, []string, error) {
+	dropLink() // a previous run's, in this namespace
+	var listen, reach []string
+	for _, port := range ports {
+		listen = append(listen, "0.0.0.0:"+strconv.Itoa(port))
+		reach = append(reach, linkSinkAddr+":"+strconv.Itoa(port))
+	}
+	files, err := writeSinkFiles(dir, cert)
+	if err != nil {
+		return nil, nil, err
+	}
+	exe, err := sinkExecutable()
+	if err != nil {
+		return nil, nil, err
+	}
+	// The wait is for the first address the sink listens on, across the
+	// link: it proves the link carries.
+	opts := peers.ProcOptions{NewNetns: true, Started: func(pid int) error { return runSteps(linkSteps(pid, bits)) }}
+	pp, err := peers.StartProcWith(ctx, opts, "sink", filepath.Join(dir, "sink.log"), reach[len(reach)-1], exe, append([]string{sinkCommand}, append(files, listen...)...)...)
+	if err != nil {
+		dropLink()
+		return nil, nil, err
+	}
+	return &proc{Proc: pp, name: "sink", logPath: pp.LogPath()}, reach, nil
+}
+
+// runLink measures the throughput of the contenders names across a link
+// of cfg.LinkBits per second.
+func runLink(ctx context.Context, e *env, names []string, cfg datapathConfig, say func(string, ...any)) *DatapathLinkResults {
+	r := &DatapathLinkResults{Rate: cfg.Link}
+	fail := func(err error) *DatapathLinkResults {
+		r.Error = err.Error()
+		say("data path across a link: could not measure: %v", err)
+		return r
+	}
+	var ports []int
+	for i := range names {
+		ports = append(ports, sinkBasePort+i)
+	}
+	dir := filepath.Join(e.dir, "datapath-link")
+	sinkProc, reach, err := startLinkedSink(ctx, e.bed.ServingCertificate(), filepath.Join(dir, "sink"), ports, cfg.LinkBits)
+	if err != nil {
+		return fail(fmt.Errorf("start the sink behind a %s link: %w", cfg.Link, err))
+	}
+	defer dropLink()
+	defer sinkProc.stop()
+	var cs []*dpContender
+	defer func() {
+		for _, c := range cs {
+			c.stop()
+		}
+	}()
+	say("data path across a %s link (veth, MTU 1500, tc tbf each way): %s, fresh instances in front of the sink behind it", cfg.Link, strings.Join(names, ", "))
+	for i, name := range names {
+		c, err := startDatapathContender(ctx, e, name, filepath.Join(dir, name), reach[i], cfg)
+		if err != nil {
+			return fail(fmt.Errorf("start %s: %w", name, err))
+		}
+		cs = append(cs, c)
+	}
+	rows, err := measureThroughput(ctx, cs, cfg, say)
+	if err != nil {
+		return fail(fmt.Errorf("throughput: %w", err))
+	}
+	r.Throughput = rows
+	for _, row := range rows {
+		say("    %s/%s: %.0f MiB/s (%s of direct), proxy CPU %.3fs/GiB, machine %.3fs/GiB (%.0f%% busy)", row.Direction, row.Path, row.MiBPerSec, fmtRatio(row.VsDirect), row.ProxyCPUPerGiB, row.MachineCPUPerGiB, 100*row.MachineBusy)
+	}
+	return r
+}
