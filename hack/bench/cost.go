@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apifailover/apifailover/hack/testbed"
@@ -19,14 +21,19 @@ import (
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
-// Health cost at rest: what health checking alone costs the control plane
-// per client. Each contender runs alone in turn, N idle clients of one
-// kind against the bed's three apiservers (no client traffic, only their
-// health checks), for a fixed window after a settle; the apiservers' CPU
-// time over the window, less the apiservers' own at rest (contender
-// "none", measured just before and just after, averaged: the apiservers'
-// use at rest drifts over minutes), divided by N and by the window, is
-// the cost per client.
+// Health cost: what health checking costs the control plane per client,
+// at rest and in use. Each contender runs alone in turn, N clients of one
+// kind against the bed's three apiservers, for a fixed window after a
+// settle; the apiservers' CPU time over the window, less the apiservers'
+// own at rest (contender "none", measured just before and just after,
+// averaged: the apiservers' use at rest drifts over minutes), divided by
+// N and by the window, is the cost per client. Most contenders' clients
+// are idle (no client traffic, only their health checks); the -conn ones
+// keep a connection open, the -active ones send requests on it, and each
+// of those is compared with direct-conn or direct-active, the same
+// connections and requests with no health check at all: what is left is
+// what the health checking costs in use (a held probe PINGs the
+// apiserver a request waits on, for one).
 
 // Contender names of the cost measurement.
 const (
@@ -40,7 +47,13 @@ const (
 	costHAProxyConn       = "haproxy-kubespray-conn"
 	costHAProxyInter1s    = "haproxy-inter-1s"
 	costDirectConn        = "direct-conn"
-	costNone              = "none"
+	// The -active contenders: each client sends a request every
+	// costConfig.ActiveGap on its connection, as a busy node agent does.
+	costTransportHeldActive = "transport-held-active"
+	costLocalProxyActive    = "localproxy-held-active"
+	costHAProxyActive       = "haproxy-kubespray-active"
+	costDirectActive        = "direct-active"
+	costNone                = "none"
 )
 
 // costContenders in the order they run, each between two baselines. The
@@ -52,21 +65,26 @@ var costContenders = []string{
 	costTransportReadyz, costTransportHeld, costTransportHeldConn,
 	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn,
 	costHAProxyKubespray, costHAProxyConn, costHAProxyInter1s, costDirectConn,
+	costTransportHeldActive, costLocalProxyActive, costHAProxyActive, costDirectActive,
 }
 
 // costDescriptions for the report.
 var costDescriptions = map[string]string{
-	costTransportReadyz:   "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second; the former default)",
-	costTransportHeld:     "transport.Wrap clients in the bench process, probe held (the default: one HTTP/2 connection per apiserver; as no connection uses them, GET /readyz every 30s and a PING every 15s)",
-	costTransportHeldConn: "as transport-held, each client with one idle HTTP/2 request connection open (one GET /version first): that apiserver's held connection gets GET /readyz every 10s and a PING every 5s, and the request connection a PING after 5s without a frame (transport PingInterval with held probes)",
-	costLocalProxyReadyz:  "localproxy processes, --probe=readyz",
-	costLocalProxyHeld:    "localproxy processes, --probe=held (the default)",
-	costLocalProxyConn:    "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
-	costHAProxyKubespray:  "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
-	costHAProxyConn:       "as haproxy-kubespray, each with one idle client-go connection through it (one GET /version first)",
-	costHAProxyInter1s:    "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
-	costDirectConn:        "no health check at all: one idle client-go connection (one GET /version first) per client straight to the first apiserver, from the bench process: what the connection itself costs, on every path",
-	costNone:              "no client: the apiservers at rest",
+	costTransportReadyz:     "transport.Wrap clients in the bench process, probe readyz (new TLS connection + GET /readyz per apiserver per second; the former default)",
+	costTransportHeld:       "transport.Wrap clients in the bench process, probe held (the default: one HTTP/2 connection per apiserver; as no connection uses them, GET /readyz every 30s and a PING every 15s)",
+	costTransportHeldConn:   "as transport-held, each client with one idle HTTP/2 request connection open (one GET /version first): that apiserver's held connection gets GET /readyz every 10s and a PING every 5s, and the request connection a PING after 5s without a frame (transport PingInterval with held probes)",
+	costLocalProxyReadyz:    "localproxy processes, --probe=readyz",
+	costLocalProxyHeld:      "localproxy processes, --probe=held (the default)",
+	costLocalProxyConn:      "as localproxy-held, each with one idle client-go connection through it (one GET /version first)",
+	costHAProxyKubespray:    "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
+	costHAProxyConn:         "as haproxy-kubespray, each with one idle client-go connection through it (one GET /version first)",
+	costHAProxyInter1s:      "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
+	costDirectConn:          "no health check at all: one idle client-go connection (one GET /version first) per client straight to the first apiserver, from the bench process: what the connection itself costs, on every path",
+	costNone:                "no client: the apiservers at rest",
+	costTransportHeldActive: "as transport-held-conn, each client sending GET /version on its connection every -cost-active-gap (a busy node agent): the held connection of the apiserver it uses is PINGed while a request waits, and while none is heard from",
+	costLocalProxyActive:    "as localproxy-held-conn, each client sending GET /version through its localproxy every -cost-active-gap",
+	costHAProxyActive:       "as haproxy-kubespray-conn, each client sending GET /version through its HAProxy every -cost-active-gap",
+	costDirectActive:        "as direct-conn, each client sending GET /version every -cost-active-gap: what the requests cost by themselves, on every path",
 }
 
 // Ports of the cost contenders' instance i: base + i, apart from the
@@ -97,9 +115,13 @@ type costConfig struct {
 	Window     time.Duration `json:"-"`
 	WindowS    float64       `json:"window_s"`
 	SettleS    float64       `json:"settle_s"`
+	// ActiveGap is the pause between two requests of an -active
+	// contender's client.
+	ActiveGap  time.Duration `json:"-"`
+	ActiveGapS float64       `json:"active_gap_s"`
 }
 
-// CostResults is the health cost at rest in results.json.
+// CostResults is the health cost in results.json.
 type CostResults struct {
 	Config     costConfig        `json:"config"`
 	Contenders map[string]string `json:"contenders"`
@@ -121,6 +143,10 @@ type CostSample struct {
 	// ClientMs: the contender's processes, or for in-process clients the
 	// bench process.
 	ClientMs float64 `json:"client_ms_per_s"`
+	// Requests: the clients' requests answered per second (the -active
+	// contenders), RequestErrors those that failed in the window.
+	Requests      float64 `json:"requests_per_s,omitempty"`
+	RequestErrors int64   `json:"request_errors,omitempty"`
 }
 
 // CostRow is one contender's cost per client.
@@ -145,6 +171,13 @@ type CostRow struct {
 	// Cores5000: APIServerPerClient × 5000 / 1000, the cores of API
 	// server CPU 5,000 such clients (one per node) take.
 	Cores5000 float64 `json:"cores_5000_nodes"`
+	// AboveDirect, for a contender whose clients use a connection (-conn,
+	// -active): APIServerPerClient less direct-conn's or direct-active's
+	// (the same connections and requests, no health check): what its
+	// health checking costs per client in use; nil: not computable.
+	AboveDirect *float64 `json:"above_direct_ms_per_client_s,omitempty"`
+	// ReqPerClientS: Raw.Requests per client.
+	ReqPerClientS float64 `json:"requests_per_client_s,omitempty"`
 	// Unhealthy lists the apiservers a client did not count healthy at
 	// the end of the window.
 	Unhealthy string `json:"unhealthy,omitempty"`
@@ -161,14 +194,39 @@ type costGroup struct {
 	// exited describes client processes that died, "" if none did.
 	exited func() string
 	// connect, if set, opens the clients' connections once every client
-	// counts every apiserver healthy.
+	// counts every apiserver healthy (and starts their requests).
 	connect func() error
-	close   func()
+	// requests, if set, counts the clients' requests so far: answered
+	// and failed.
+	requests func() (ok, failed int64)
+	close    func()
 }
+
+// costUse is how a contender's clients use a connection of their own.
+type costUse int
+
+const (
+	// costUseNone: no connection; the health checks alone.
+	costUseNone costUse = iota
+	// costUseIdle: one connection, opened with GET /version, then idle.
+	costUseIdle
+	// costUseActive: one connection, a GET /version on it every
+	// ActiveGap.
+	costUseActive
+)
+
+// costDefaultActiveGap is -cost-active-gap's default: a node agent with
+// a request going every few hundred milliseconds (its node status,
+// lease, pods' status, a controller's writes), shorter than the held
+// probes' PingInterval, so that the apiserver it uses is busy.
+const costDefaultActiveGap = 200 * time.Millisecond
+
+// costRequestTimeout bounds each request of an -active client.
+const costRequestTimeout = 5 * time.Second
 
 // runCost measures every contender and the baselines.
 func runCost(ctx context.Context, e *env, cfg costConfig, say func(string, ...any)) (*CostResults, []string) {
-	cfg.WindowS, cfg.SettleS = cfg.Window.Seconds(), costSettle.Seconds()
+	cfg.WindowS, cfg.SettleS, cfg.ActiveGapS = cfg.Window.Seconds(), costSettle.Seconds(), cfg.ActiveGap.Seconds()
 	res := &CostResults{Config: cfg, Contenders: make(map[string]string)}
 	for _, c := range append(slices.Clone(cfg.Contenders), costNone) {
 		res.Contenders[c] = costDescriptions[c]
@@ -182,7 +240,7 @@ func runCost(ctx context.Context, e *env, cfg costConfig, say func(string, ...an
 		return out
 	}
 	etcdPid := costFindEtcd()
-	say("health cost at rest: %d idle clients per contender, %s window after %s", cfg.Clients, cfg.Window, costSettle)
+	say("health cost: %d clients per contender, %s window after %s", cfg.Clients, cfg.Window, costSettle)
 
 	baseline := func() {
 		s, err := costWindow(ctx, costNone, cfg.Window, apiPids, etcdPid, nil, say)
@@ -268,6 +326,7 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 				r.Drift = round(max(d, -d)/n, 3)
 			}
 			r.Cores5000 = round(r.APIServerPerClient*5000/1000, 2)
+			r.ReqPerClientS = round(s.Requests/n, 2)
 		}
 		rows[i] = r
 	}
@@ -280,6 +339,18 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 		return 0
 	}
 	hap, lp := ref(costHAProxyKubespray), ref(costLocalProxyReadyz)
+	for i, r := range rows {
+		direct := costDirectFor(r.Contender)
+		if direct == "" || direct == r.Contender || r.Raw.WallS == 0 {
+			continue
+		}
+		for _, d := range rows {
+			if d.Contender == direct && d.Raw.WallS > 0 {
+				v := round(r.APIServerPerClient-d.APIServerPerClient, 3)
+				rows[i].AboveDirect = &v
+			}
+		}
+	}
 	for i := range rows {
 		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 {
 			continue
@@ -295,7 +366,20 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 }
 
 func costInProcess(contender string) bool {
-	return strings.HasPrefix(contender, "transport-") || contender == costDirectConn
+	return strings.HasPrefix(contender, "transport-") || strings.HasPrefix(contender, "direct-")
+}
+
+// costDirectFor is the contender with contender's connections and
+// requests and no health checking: direct-conn for a -conn one,
+// direct-active for an -active one, "" for others.
+func costDirectFor(contender string) string {
+	switch {
+	case strings.HasSuffix(contender, "-conn"):
+		return costDirectConn
+	case strings.HasSuffix(contender, "-active"):
+		return costDirectActive
+	}
+	return ""
 }
 
 // costContender starts contender name's clients, waits until every one
@@ -308,7 +392,7 @@ func costContender(ctx context.Context, e *env, name string, cfg costConfig, api
 		return s, "", err
 	}
 	say("  %s: starting %d clients", name, cfg.Clients)
-	g, err := startCostGroup(ctx, e, name, dir, cfg.Clients)
+	g, err := startCostGroup(ctx, e, name, dir, cfg.Clients, cfg.ActiveGap)
 	if err != nil {
 		return s, "", err
 	}
@@ -331,10 +415,17 @@ func costContender(ctx context.Context, e *env, name string, cfg costConfig, api
 		return s, "", ctx.Err()
 	case <-time.After(costSettle):
 	}
+	requests := g.requests
+	if requests == nil {
+		requests = func() (int64, int64) { return 0, 0 }
+	}
+	ok0, failed0 := requests()
 	s, err = costWindow(ctx, name, cfg.Window, apiPids, etcdPid, g.pids, say)
 	if err != nil {
 		return s, "", err
 	}
+	ok1, failed1 := requests()
+	s.Requests, s.RequestErrors = round(float64(ok1-ok0)/s.WallS, 2), failed1-failed0
 	if dead := g.exited(); dead != "" {
 		return CostSample{Contender: name}, "", fmt.Errorf("client processes exited during the window: %s", dead)
 	}
@@ -443,41 +534,52 @@ func costFindEtcd() int {
 	return 0
 }
 
-// startCostGroup starts n clients of contender name.
-func startCostGroup(ctx context.Context, e *env, name, dir string, n int) (*costGroup, error) {
+// startCostGroup starts n clients of contender name; the -active ones
+// send a request every gap.
+func startCostGroup(ctx context.Context, e *env, name, dir string, n int, gap time.Duration) (*costGroup, error) {
 	switch name {
 	case costTransportReadyz:
-		return startCostTransport(ctx, e, n, endpoint.ProbeReadyz, false)
+		return startCostTransport(ctx, e, n, endpoint.ProbeReadyz, costUseNone, gap)
 	case costTransportHeld:
-		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, false)
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, costUseNone, gap)
 	case costTransportHeldConn:
-		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, true)
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, costUseIdle, gap)
+	case costTransportHeldActive:
+		return startCostTransport(ctx, e, n, endpoint.ProbeHeld, costUseActive, gap)
 	case costLocalProxyReadyz:
-		return startCostLocalProxies(ctx, e, dir, n, "readyz", false)
+		return startCostLocalProxies(ctx, e, dir, n, "readyz", costUseNone, gap)
 	case costLocalProxyHeld:
-		return startCostLocalProxies(ctx, e, dir, n, "held", false)
+		return startCostLocalProxies(ctx, e, dir, n, "held", costUseNone, gap)
 	case costLocalProxyConn:
-		return startCostLocalProxies(ctx, e, dir, n, "held", true)
+		return startCostLocalProxies(ctx, e, dir, n, "held", costUseIdle, gap)
+	case costLocalProxyActive:
+		return startCostLocalProxies(ctx, e, dir, n, "held", costUseActive, gap)
 	case costHAProxyKubespray:
-		return startCostHAProxies(ctx, e, dir, n, false, false)
+		return startCostHAProxies(ctx, e, dir, n, false, costUseNone, gap)
 	case costHAProxyConn:
-		return startCostHAProxies(ctx, e, dir, n, false, true)
+		return startCostHAProxies(ctx, e, dir, n, false, costUseIdle, gap)
+	case costHAProxyActive:
+		return startCostHAProxies(ctx, e, dir, n, false, costUseActive, gap)
 	case costHAProxyInter1s:
-		return startCostHAProxies(ctx, e, dir, n, true, false)
+		return startCostHAProxies(ctx, e, dir, n, true, costUseNone, gap)
 	case costDirectConn:
-		return startCostDirect(e, n)
+		return startCostDirect(e, n, costUseIdle, gap)
+	case costDirectActive:
+		return startCostDirect(e, n, costUseActive, gap)
 	}
 	return nil, fmt.Errorf("unknown contender %q", name)
 }
 
 // startCostTransport builds n transport.Wrap clients of the origin with
 // the other apiservers as static endpoints, discovery off (its watch
-// would add to what is measured), probe mode; with conn, each sends one
-// GET /version and keeps its connection.
-func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, conn bool) (*costGroup, error) {
+// would add to what is measured), probe mode; each uses a connection of
+// its own as use says (costConns).
+func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, use costUse, gap time.Duration) (*costGroup, error) {
 	_, addrs := e.servers()
 	var fs []*transport.Failover
+	var conns costConns
 	closeAll := func() {
+		conns.close()
 		for _, f := range fs {
 			f.Close()
 		}
@@ -495,19 +597,16 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 		closeAll()
 		return nil, err
 	}
-	var connect func() error
-	if conn {
-		connect = func() error {
+	return &costGroup{
+		connect: conns.connect(use, gap, func() error {
 			for _, f := range fs {
-				if _, err := getBody(context.Background(), f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
-					return fmt.Errorf("GET /version: %w", err)
+				if err := conns.add(f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
+					return err
 				}
 			}
 			return nil
-		}
-	}
-	return &costGroup{
-		connect: connect,
+		}),
+		requests: conns.counts,
 		unhealthy: func() string {
 			var bad []string
 			for i, f := range fs {
@@ -585,10 +684,10 @@ func costSummary(bad []string) string {
 
 // startCostLocalProxies starts n localproxy processes with the bed's
 // apiservers as static endpoints, discovery off, --probe=mode, probes
-// authenticated with the localproxy identity's token; with conn, a
-// client-go HTTP client sends one GET /version through each and keeps
-// its connection; extra are more flags for each.
-func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string, conn bool, extra ...string) (*costGroup, error) {
+// authenticated with the localproxy identity's token; a client-go HTTP
+// client uses a connection through each as use says (costConns); extra
+// are more flags for each.
+func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode string, use costUse, gap time.Duration, extra ...string) (*costGroup, error) {
 	kubeconfig := filepath.Join(dir, "localproxy.kubeconfig")
 	if err := e.bed.WriteKubeconfig(kubeconfig, testbed.LocalProxy, testbed.LocalProxyIdentity); err != nil {
 		return nil, err
@@ -616,13 +715,10 @@ func startCostLocalProxies(ctx context.Context, e *env, dir string, n int, mode 
 		return nil, err
 	}
 	client := http.Client{Timeout: time.Second}
-	var connect func() error
-	if conn {
-		connect = func() error { return conns.openLocal(e, costLocalProxyPortBase, len(procs)) }
-	}
 	return &costGroup{
-		connect: connect,
-		pids:    func() []int { return costPids(procs) },
+		connect:  conns.connect(use, gap, func() error { return conns.openLocal(e, costLocalProxyPortBase, len(procs)) }),
+		requests: conns.counts,
+		pids:     func() []int { return costPids(procs) },
 		unhealthy: func() string {
 			var bad []string
 			for i := range procs {
@@ -704,9 +800,9 @@ func costInter1sConfig(cfg string) (string, error) {
 
 // startCostHAProxies starts n HAProxy processes with kubespray's
 // configuration (inter1s: checking every second) on ports of their own;
-// with conn, a client-go HTTP client sends one GET /version through each
-// and keeps its connection.
-func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s, conn bool) (*costGroup, error) {
+// a client-go HTTP client uses a connection through each as use says
+// (costConns).
+func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s bool, use costUse, gap time.Duration) (*costGroup, error) {
 	names, addrs := e.servers()
 	var procs []*proc
 	var socks []string
@@ -743,13 +839,10 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s,
 		closeAll()
 		return nil, err
 	}
-	var connect func() error
-	if conn {
-		connect = func() error { return conns.openLocal(e, costHAProxyPortBase, len(procs)) }
-	}
 	return &costGroup{
-		connect: connect,
-		pids:    func() []int { return costPids(procs) },
+		connect:  conns.connect(use, gap, func() error { return conns.openLocal(e, costHAProxyPortBase, len(procs)) }),
+		requests: conns.counts,
+		pids:     func() []int { return costPids(procs) },
 		unhealthy: func() string {
 			var bad []string
 			for i, sock := range socks {
@@ -771,22 +864,57 @@ func startCostHAProxies(ctx context.Context, e *env, dir string, n int, inter1s,
 	}, nil
 }
 
-// costConns are idle client connections, one per host, each of its own
-// client-go HTTP client (client-go's defaults), opened with one GET
-// /version and then left open, as a kubelet's or a controller's watch
-// keeps one.
-type costConns struct{ clients []*http.Client }
+// costConns are client connections, one per client, each of its own
+// HTTP client, opened with one GET /version and then, as a kubelet's or a
+// controller's watch keeps one, left open (costUseIdle) or used for a GET
+// /version every gap (costUseActive: run).
+type costConns struct {
+	clients []*http.Client
+	urls    []string
+	// ok and failed count the requests of run.
+	ok, failed atomic.Int64
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+}
 
-// open opens a connection to each of hosts.
+// connect is a costGroup's connect for use: open opens the connections
+// (with add or open), then, for costUseActive, their requests start; nil
+// for costUseNone.
+func (c *costConns) connect(use costUse, gap time.Duration, open func() error) func() error {
+	if use == costUseNone {
+		return nil
+	}
+	return func() error {
+		if err := open(); err != nil {
+			return err
+		}
+		if use == costUseActive {
+			c.run(gap)
+		}
+		return nil
+	}
+}
+
+// add opens hc's connection to url's host with one GET of url, the
+// request the client repeats.
+func (c *costConns) add(hc *http.Client, url string) error {
+	if _, err := getBody(context.Background(), hc, url); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	c.clients, c.urls = append(c.clients, hc), append(c.urls, url)
+	return nil
+}
+
+// open opens a connection to each of hosts, each of its own client-go
+// HTTP client (client-go's defaults).
 func (c *costConns) open(e *env, hosts []string) error {
 	for _, h := range hosts {
 		_, hc, _, err := clientGo(e, h)
 		if err != nil {
 			return err
 		}
-		c.clients = append(c.clients, hc)
-		if _, err := getBody(context.Background(), hc, h+"/version"); err != nil {
-			return fmt.Errorf("GET %s/version: %w", h, err)
+		if err := c.add(hc, h+"/version"); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -802,26 +930,71 @@ func (c *costConns) openLocal(e *env, base, n int) error {
 	return c.open(e, hosts)
 }
 
+// run makes each client send its GET again gap after its last one
+// ended, client i first i × gap / n from now (their requests spread, as
+// a fleet's are), until close.
+func (c *costConns) run(gap time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	n := time.Duration(len(c.clients))
+	for i := range c.clients {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			t := time.NewTimer(time.Duration(i) * gap / n)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				rctx, rcancel := context.WithTimeout(ctx, costRequestTimeout)
+				_, err := getBody(rctx, c.clients[i], c.urls[i])
+				rcancel()
+				switch {
+				case ctx.Err() != nil:
+					return
+				case err != nil:
+					c.failed.Add(1)
+				default:
+					c.ok.Add(1)
+				}
+				t.Reset(gap)
+			}
+		}()
+	}
+}
+
+// counts are run's requests so far, answered and failed.
+func (c *costConns) counts() (ok, failed int64) { return c.ok.Load(), c.failed.Load() }
+
+// close stops run's requests and closes the connections.
 func (c *costConns) close() {
+	if c.cancel != nil {
+		c.cancel()
+		c.wg.Wait()
+	}
 	for _, hc := range c.clients {
 		hc.CloseIdleConnections()
 	}
 }
 
-// startCostDirect is n idle client connections straight to the first
-// apiserver and no health check: what the -conn contenders' connection
-// costs by itself.
-func startCostDirect(e *env, n int) (*costGroup, error) {
+// startCostDirect is n client connections straight to the first
+// apiserver, used as use says, and no health check: what the -conn and
+// -active contenders' connections and requests cost by themselves.
+func startCostDirect(e *env, n int, use costUse, gap time.Duration) (*costGroup, error) {
 	first := e.bed.APIServers()[0].URL()
 	var conns costConns
 	return &costGroup{
-		connect: func() error {
+		connect: conns.connect(use, gap, func() error {
 			hosts := make([]string, n)
 			for i := range hosts {
 				hosts[i] = first
 			}
 			return conns.open(e, hosts)
-		},
+		}),
+		requests:  conns.counts,
 		unhealthy: func() string { return "" },
 		exited:    func() string { return "" },
 		close:     conns.close,
@@ -830,9 +1003,9 @@ func startCostDirect(e *env, n int) (*costGroup, error) {
 
 // markdown renders the cost table.
 func (c *CostResults) markdown(w func(string, ...any)) {
-	w("### Health cost at rest")
+	w("### Health cost at rest and in use")
 	w("")
-	w("Each contender runs alone in turn: %d idle clients (no requests, only their health checks; started "+costSpread.String()+" apart in all, so that their checks fall at unrelated moments as a fleet's do) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
+	w("Each contender runs alone in turn: %d clients (idle but for the -conn and -active ones, below: only their health checks; started "+costSpread.String()+" apart in all, so that their checks fall at unrelated moments as a fleet's do) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
 		c.Config.Clients, c.Config.WindowS, c.Config.SettleS)
 	w("")
 	if c.Error != "" {
@@ -851,23 +1024,32 @@ func (c *CostResults) markdown(w func(string, ...any)) {
 		w("Apiservers at rest, before the first contender, between two, after the last: %s ms/s. Each contender's baseline is the mean of the windows just before and after it; \"drift\" is their difference per client, the noise of its apiserver figure.", strings.Join(parts, ", "))
 		w("")
 	}
-	w("| contender | apiserver ms/client/s | drift | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | 5,000 nodes: apiserver cores |")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|")
+	w("The -conn contenders' clients each keep one client-go connection (one GET /version, then idle), the -active ones send GET /version on it every %s (a busy node agent); \"above direct\": the apiserver figure less direct-conn's or direct-active's (the same connections and requests, no health check at all), what health checking costs per client in use; \"req/client/s\": the -active clients' requests answered per second each, the same for every contender if the comparison holds.", time.Duration(c.Config.ActiveGapS*float64(time.Second)))
+	w("")
+	w("| contender | apiserver ms/client/s | drift | above direct | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | req/client/s | 5,000 nodes: apiserver cores |")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range c.Rows {
 		if r.Error != "" || r.Raw.WallS == 0 {
 			msg := r.Error
 			if msg == "" {
 				msg = "not measured"
 			}
-			w("| %s | error: %s | | | | | | |", r.Contender, strings.ReplaceAll(oneLine(msg, 300), "|", "/"))
+			w("| %s | error: %s | | | | | | | | |", r.Contender, strings.ReplaceAll(oneLine(msg, 300), "|", "/"))
 			continue
 		}
 		name := r.Contender
 		if r.Unhealthy != "" {
 			name += " (at the end: " + strings.ReplaceAll(oneLine(r.Unhealthy, 200), "|", "/") + ")"
 		}
-		w("| %s | %.3f | %.3f | %s | %s | %.3f | %.3f | %.2f |", name, r.APIServerPerClient, r.Drift, fmtRatio(r.VsHAProxy), fmtRatio(r.VsLocalProxy),
-			r.EtcdPerClient, r.ClientPerClient, r.Cores5000)
+		above := "-"
+		if r.AboveDirect != nil {
+			above = fmt.Sprintf("%.3f", *r.AboveDirect)
+		}
+		if r.Raw.RequestErrors > 0 {
+			name += fmt.Sprintf(" (%d requests failed)", r.Raw.RequestErrors)
+		}
+		w("| %s | %.3f | %.3f | %s | %s | %s | %.3f | %.3f | %s | %.2f |", name, r.APIServerPerClient, r.Drift, above, fmtRatio(r.VsHAProxy), fmtRatio(r.VsLocalProxy),
+			r.EtcdPerClient, r.ClientPerClient, fmtPositive("%.2f", r.ReqPerClientS), r.Cores5000)
 	}
 	w("")
 	w("5,000 nodes, one client each, each checking the 3 API servers: cores of API server CPU = ms/client/s × 5000 clients / 1000 ms per core-second:")

@@ -83,6 +83,29 @@ func TestCostRows(t *testing.T) {
 		t.Errorf("row of a contender that did not run: %+v", held)
 	}
 
+	// In use: each against the direct contender with the same
+	// connections and requests; requests per client.
+	inUse := costRows([]CostSample{
+		{Contender: costLocalProxyActive, WallS: 30, APIServerMs: 130, Requests: 10},
+		{Contender: costDirectActive, WallS: 30, APIServerMs: 120, Requests: 10},
+		{Contender: costHAProxyConn, WallS: 30, APIServerMs: 110},
+		{Contender: costLocalProxyConn, WallS: 30, APIServerMs: 109},
+		{Contender: costTransportHeldActive}, // could not run
+	}, []CostSample{{WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}}, 2)
+	if r := inUse[0]; r.AboveDirect == nil || *r.AboveDirect != 5 || r.ReqPerClientS != 5 { // (130-100)/2 - (120-100)/2
+		t.Errorf("localproxy-held-active: above direct %v, %v requests per client; want 5, 5", r.AboveDirect, r.ReqPerClientS)
+	}
+	for _, r := range inUse[1:] {
+		if r.AboveDirect != nil {
+			t.Errorf("%s: above direct %v; want none (direct itself, or no direct-conn measured, or did not run)", r.Contender, *r.AboveDirect)
+		}
+	}
+	for in, want := range map[string]string{costLocalProxyConn: costDirectConn, costTransportHeldActive: costDirectActive, costDirectActive: costDirectActive, costLocalProxyHeld: "", costHAProxyInter1s: ""} {
+		if got := costDirectFor(in); got != want {
+			t.Errorf("costDirectFor(%s) = %q, want %q", in, got, want)
+		}
+	}
+
 	// Without a baseline nothing per client is computed.
 	for _, r := range costRows(samples, nil, 2) {
 		if r.APIServerPerClient != 0 || r.VsHAProxy != 0 || r.Cores5000 != 0 {
@@ -109,11 +132,13 @@ func TestCostInter1sConfig(t *testing.T) {
 }
 
 func TestCostMarkdown(t *testing.T) {
+	above := 0.125
 	c := &CostResults{
-		Config: costConfig{Clients: 20, WindowS: 30, SettleS: 5},
+		Config: costConfig{Clients: 20, WindowS: 30, SettleS: 5, ActiveGapS: 0.2},
 		Rows: []CostRow{
 			{Contender: costLocalProxyReadyz, Raw: CostSample{WallS: 30}, APIServerPerClient: 5, Drift: 0.2, VsLocalProxy: 1, Cores5000: 25},
 			{Contender: costLocalProxyHeld, Error: "clients do not count | every apiserver healthy"},
+			{Contender: costLocalProxyActive, Raw: CostSample{WallS: 30, Requests: 95, RequestErrors: 2}, APIServerPerClient: 3.5, Drift: 0.1, AboveDirect: &above, ReqPerClientS: 4.75, Cores5000: 17.5},
 		},
 		Baselines: []CostSample{{WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 104}, {}},
 	}
@@ -121,8 +146,10 @@ func TestCostMarkdown(t *testing.T) {
 	c.markdown(func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) })
 	md := b.String()
 	for _, want := range []string{
-		"| localproxy-readyz | 5.000 | 0.200 | - | 1.00× |",
+		"| localproxy-readyz | 5.000 | 0.200 | - | - | 1.00× | 0.000 | 0.000 | - | 25.00 |",
 		"| localproxy-held | error: clients do not count / every apiserver healthy |",
+		"| localproxy-held-active (2 requests failed) | 3.500 | 0.100 | 0.125 | - | - | 0.000 | 0.000 | 4.75 | 17.50 |",
+		"send GET /version on it every 200ms",
 		"- localproxy-readyz: 5.000 × 5000 / 1000 = 25.00 cores",
 		"after the last: 100.0, 104.0, not measured ms/s",
 	} {

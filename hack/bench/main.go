@@ -45,13 +45,15 @@
 // (-idle-conns), one contender at a time.
 // -datapath-only runs just this.
 //
-// Health cost at rest: -cost-clients idle clients of one kind at a time
-// (-cost-contenders: transport.Wrap and localproxy, probing readyz and
-// held, held also with one client connection open; HAProxy as kubespray
-// configures it and checking every second) against the three apiservers,
-// for -cost-window; the apiservers' CPU time per client per second, their
-// own at rest taken off, and the clients' own. -cost-only runs just
-// this.
+// Health cost at rest and in use: -cost-clients clients of one kind at a
+// time (-cost-contenders: transport.Wrap and localproxy, probing readyz
+// and held, held also with one client connection open, idle or with a
+// request every -cost-active-gap; HAProxy as kubespray configures it and
+// checking every second; direct connections with the same requests and
+// no health check) against the three apiservers, for -cost-window; the
+// apiservers' CPU time per client per second, their own at rest taken
+// off, and above direct's in use, and the clients' own. -cost-only runs
+// just this.
 //
 // No timing is pass or fail: the command fails only when it could not
 // measure (a proxy did not start, the bed did not come up). Results go to
@@ -134,11 +136,12 @@ func main() {
 	flag.StringVar(&o.datapath.Link, "datapath-link", defaultLinkRate, "rate of the link (veth, shaped with tc tbf each way) the throughput is measured across again, with the sink behind it as an apiserver is behind a node's NIC: a whole number of mbit or gbit, or none")
 	flag.IntVar(&o.datapath.ShortConns, "short-conns", 4000, "short connections (a request, 2 KiB back, the sink's close) through each contender, one at a time, split over -datapath-rounds (0: none)")
 	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
-	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest")
-	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest")
-	flag.IntVar(&o.cost.Clients, "cost-clients", 20, "idle clients of each contender of the health cost at rest")
-	flag.DurationVar(&o.cost.Window, "cost-window", 30*time.Second, "how long the health cost at rest of each contender is measured")
-	flag.StringVar(&o.costContenders, "cost-contenders", strings.Join(costContenders, ","), "comma-separated contenders of the health cost at rest")
+	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest and in use")
+	flag.BoolVar(&o.costOnly, "cost-only", false, "run only the health cost at rest and in use")
+	flag.IntVar(&o.cost.Clients, "cost-clients", 20, "clients of each contender of the health cost")
+	flag.DurationVar(&o.cost.Window, "cost-window", 30*time.Second, "how long the health cost of each contender is measured")
+	flag.DurationVar(&o.cost.ActiveGap, "cost-active-gap", costDefaultActiveGap, "pause between two requests of each client of the -active cost contenders (10ms to 1m)")
+	flag.StringVar(&o.costContenders, "cost-contenders", strings.Join(costContenders, ","), "comma-separated contenders of the health cost")
 	flag.StringVar(&o.out, "out", "", "output directory (default: _output/bench at the repository root)")
 	flag.Parse()
 
@@ -231,6 +234,9 @@ func (o *options) validate() error {
 	}
 	if o.cost.Clients < 1 || o.cost.Clients > costMaxClients || o.cost.Window < time.Second {
 		return fmt.Errorf("-cost-clients from 1 to %d, -cost-window at least 1s", costMaxClients)
+	}
+	if g := o.cost.ActiveGap; g < 10*time.Millisecond || g > time.Minute {
+		return fmt.Errorf("-cost-active-gap %s: from 10ms to 1m", g)
 	}
 	o.cost.Contenders = nil
 	for _, c := range splitList(o.costContenders) {
