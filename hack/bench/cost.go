@@ -178,6 +178,9 @@ type CostRow struct {
 	AboveDirect *float64 `json:"above_direct_ms_per_client_s,omitempty"`
 	// ReqPerClientS: Raw.Requests per client.
 	ReqPerClientS float64 `json:"requests_per_client_s,omitempty"`
+	// based: the per-client figures were computed (a baseline was
+	// measured).
+	based bool
 	// Unhealthy lists the apiservers a client did not count healthy at
 	// the end of the window.
 	Unhealthy string `json:"unhealthy,omitempty"`
@@ -308,6 +311,7 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 			}
 		}
 		if s.WallS > 0 && len(near) > 0 {
+			r.based = true
 			var base CostSample
 			for _, b := range near {
 				base.APIServerMs += b.APIServerMs / float64(len(near))
@@ -341,18 +345,20 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 	hap, lp := ref(costHAProxyKubespray), ref(costLocalProxyReadyz)
 	for i, r := range rows {
 		direct := costDirectFor(r.Contender)
-		if direct == "" || direct == r.Contender || r.Raw.WallS == 0 {
+		if direct == "" || direct == r.Contender || !r.based {
 			continue
 		}
 		for _, d := range rows {
-			if d.Contender == direct && d.Raw.WallS > 0 {
+			if d.Contender == direct && d.based {
 				v := round(r.APIServerPerClient-d.APIServerPerClient, 3)
 				rows[i].AboveDirect = &v
 			}
 		}
 	}
 	for i := range rows {
-		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 {
+		// An -active figure holds its requests' cost: no ratio to a
+		// health check's.
+		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 || costDirectFor(rows[i].Contender) == costDirectActive {
 			continue
 		}
 		if hap > 0 {
@@ -570,10 +576,11 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int, gap ti
 	return nil, fmt.Errorf("unknown contender %q", name)
 }
 
-// startCostTransport builds n transport.Wrap clients of the origin with
-// the other apiservers as static endpoints, discovery off (its watch
-// would add to what is measured), probe mode; each uses a connection of
-// its own as use says (costConns).
+// startCostTransport builds n transport.Wrap clients, client i of
+// apiserver i mod 3 with the others as static endpoints (so that the
+// clients are spread over the apiservers, as the proxies spread
+// theirs), discovery off (its watch would add to what is measured),
+// probe mode; each uses a connection of its own as use says (costConns).
 func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeMode, use costUse, gap time.Duration) (*costGroup, error) {
 	_, addrs := e.servers()
 	var fs []*transport.Failover
@@ -584,9 +591,11 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 			f.Close()
 		}
 	}
-	err := costStartEach(ctx, n, func(int) error {
-		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Origin), transport.Options{
-			Endpoints: addrs[1:], DisableDiscovery: true, Probe: mode,
+	err := costStartEach(ctx, n, func(i int) error {
+		k := i % len(addrs)
+		others := slices.Delete(slices.Clone(addrs), k, k+1)
+		f, err := transport.Wrap(ctx, e.bed.RESTConfig(testbed.Direct(k+1)), transport.Options{
+			Endpoints: others, DisableDiscovery: true, Probe: mode,
 		})
 		if err == nil {
 			fs = append(fs, f)
@@ -600,7 +609,7 @@ func startCostTransport(ctx context.Context, e *env, n int, mode endpoint.ProbeM
 	return &costGroup{
 		connect: conns.connect(use, gap, func() error {
 			for _, f := range fs {
-				if err := conns.add(f.HTTPClient(), e.bed.RESTConfig(testbed.Origin).Host+"/version"); err != nil {
+				if err := conns.add(f.HTTPClient(), f.Config().Host+"/version"); err != nil {
 					return err
 				}
 			}
@@ -980,17 +989,18 @@ func (c *costConns) close() {
 	}
 }
 
-// startCostDirect is n client connections straight to the first
-// apiserver, used as use says, and no health check: what the -conn and
+// startCostDirect is n client connections straight to the apiservers,
+// client i's to apiserver i mod 3 (spread, as the other contenders'
+// are), used as use says, and no health check: what the -conn and
 // -active contenders' connections and requests cost by themselves.
 func startCostDirect(e *env, n int, use costUse, gap time.Duration) (*costGroup, error) {
-	first := e.bed.APIServers()[0].URL()
+	servers := e.bed.APIServers()
 	var conns costConns
 	return &costGroup{
 		connect: conns.connect(use, gap, func() error {
 			hosts := make([]string, n)
 			for i := range hosts {
-				hosts[i] = first
+				hosts[i] = servers[i%len(servers)].URL()
 			}
 			return conns.open(e, hosts)
 		}),
@@ -1005,7 +1015,7 @@ func startCostDirect(e *env, n int, use costUse, gap time.Duration) (*costGroup,
 func (c *CostResults) markdown(w func(string, ...any)) {
 	w("### Health cost at rest and in use")
 	w("")
-	w("Each contender runs alone in turn: %d clients (idle but for the -conn and -active ones, below: only their health checks; started "+costSpread.String()+" apart in all, so that their checks fall at unrelated moments as a fleet's do) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap clients: the bench process, less its use at rest). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
+	w("Each contender runs alone in turn: %d clients (idle but for the -conn and -active ones, below: only their health checks; started "+costSpread.String()+" apart in all, so that their checks fall at unrelated moments as a fleet's do) against the three apiservers, measured over %.0fs after every client counts every apiserver healthy and %.0fs more. \"apiserver\": CPU time (utime+stime, /proc/PID/stat) of the three kube-apiserver processes together, less their use at rest (contender none, measured just before and just after), per client per second; etcd likewise. \"client\": the contender's own CPU per client per second (its processes; in-process transport.Wrap and direct clients: the bench process, less its use at rest, which for the -conn and -active ones holds the client-go work of their requests: direct's figure is that work alone; the proxies' clients do that work in the bench process, counted nowhere). Discovery is off for transport.Wrap and localproxy, whose EndpointSlice watch would add to the figures; their probes send a bearer token, HAProxy's are anonymous. Ratios of the apiserver figure against haproxy-kubespray and localproxy-readyz (\"-\": that figure is not above zero, within the noise).",
 		c.Config.Clients, c.Config.WindowS, c.Config.SettleS)
 	w("")
 	if c.Error != "" {

@@ -100,6 +100,17 @@ func TestCostRows(t *testing.T) {
 			t.Errorf("%s: above direct %v; want none (direct itself, or no direct-conn measured, or did not run)", r.Contender, *r.AboveDirect)
 		}
 	}
+	if r := inUse[0]; r.VsHAProxy != 0 || r.VsLocalProxy != 0 {
+		t.Errorf("localproxy-held-active: ratios %v, %v to health checks alone; want none", r.VsHAProxy, r.VsLocalProxy)
+	}
+	// Without a baseline beside it, no figure above direct.
+	unbased := costRows([]CostSample{
+		{Contender: costLocalProxyActive, WallS: 30, APIServerMs: 130},
+		{Contender: costDirectActive, WallS: 30, APIServerMs: 120},
+	}, []CostSample{{}, {}, {WallS: 30, APIServerMs: 100}}, 2)
+	if r := unbased[0]; r.AboveDirect != nil {
+		t.Errorf("localproxy-held-active without a baseline: above direct %v; want none", *r.AboveDirect)
+	}
 	for in, want := range map[string]string{costLocalProxyConn: costDirectConn, costTransportHeldActive: costDirectActive, costDirectActive: costDirectActive, costLocalProxyHeld: "", costHAProxyInter1s: ""} {
 		if got := costDirectFor(in); got != want {
 			t.Errorf("costDirectFor(%s) = %q, want %q", in, got, want)

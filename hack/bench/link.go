@@ -47,23 +47,34 @@ const defaultLinkRate = "10gbit"
 
 var linkRateRE = regexp.MustCompile(`^([1-9][0-9]{0,5})(mbit|gbit)$`)
 
+// The link's rates: from one at which -datapath-mib's default takes
+// minutes per contender to the fastest NICs.
+const (
+	linkMinBits = 100e6
+	linkMaxBits = 400e9
+)
+
 // parseLinkRate checks -datapath-link: a rate as tc writes it, from
-// 1mbit to 999999gbit; "" or "none": no measurement across a link. It
+// 100mbit to 400gbit; "" or "none": no measurement across a link. It
 // returns the rate in bits per second (0: none).
 func parseLinkRate(s string) (uint64, error) {
 	if s == "" || s == "none" {
 		return 0, nil
 	}
+	bad := fmt.Errorf("-datapath-link %q: a rate from 100mbit to 400gbit such as 10gbit or 2500mbit (a whole number of mbit or gbit), or none", s)
 	m := linkRateRE.FindStringSubmatch(s)
 	if m == nil {
-		return 0, fmt.Errorf("-datapath-link %q: a rate such as 10gbit or 2500mbit (a whole number of mbit or gbit), or none", s)
+		return 0, bad
 	}
 	n, _ := strconv.ParseUint(m[1], 10, 64)
 	unit := uint64(1e6)
 	if m[2] == "gbit" {
 		unit = 1e9
 	}
-	return n * unit, nil
+	if bits := n * unit; bits >= linkMinBits && bits <= linkMaxBits {
+		return bits, nil
+	}
+	return 0, bad
 }
 
 // tbfArgs are tc's arguments that shape dev's egress to bits per second:
@@ -126,10 +137,11 @@ func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, port
 	if err != nil {
 		return nil, nil, err
 	}
-	// The wait is for the first address the sink listens on, across the
-	// link: it proves the link carries.
+	// The wait is for the last port the sink listens on (sinkMain takes
+	// them last first), across the link: it proves the link carries and
+	// every port listens.
 	opts := peers.ProcOptions{NewNetns: true, Started: func(pid int) error { return runSteps(linkSteps(pid, bits)) }}
-	pp, err := peers.StartProcWith(ctx, opts, "sink", filepath.Join(dir, "sink.log"), reach[len(reach)-1], exe, append([]string{sinkCommand}, append(files, listen...)...)...)
+	pp, err := peers.StartProcWith(ctx, opts, "sink", filepath.Join(dir, "sink.log"), reach[0], exe, append([]string{sinkCommand}, append(files, listen...)...)...)
 	if err != nil {
 		dropLink()
 		return nil, nil, err
@@ -153,7 +165,7 @@ func runLink(ctx context.Context, e *env, names []string, cfg datapathConfig, sa
 	dir := filepath.Join(e.dir, "datapath-link")
 	sinkProc, reach, err := startLinkedSink(ctx, e.bed.ServingCertificate(), filepath.Join(dir, "sink"), ports, cfg.LinkBits)
 	if err != nil {
-		return fail(fmt.Errorf("start the sink behind a %s link: %w", cfg.Link, err))
+		return fail(fmt.Errorf("start the sink behind a %s link (it needs veth links and tc's tbf; -datapath-link none skips it): %w", cfg.Link, err))
 	}
 	defer dropLink()
 	defer sinkProc.stop()

@@ -26,18 +26,18 @@ func TestMain(m *testing.M) {
 }
 
 func TestParseLinkRate(t *testing.T) {
-	for in, want := range map[string]uint64{"": 0, "none": 0, "10gbit": 10e9, "2500mbit": 2500e6, "1mbit": 1e6, "999999gbit": 999999e9} {
+	for in, want := range map[string]uint64{"": 0, "none": 0, "10gbit": 10e9, "2500mbit": 2500e6, "100mbit": 100e6, "400gbit": 400e9, "400000mbit": 400e9} {
 		if got, err := parseLinkRate(in); err != nil || got != want {
 			t.Errorf("parseLinkRate(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"10", "10g", "10Gbit", "0gbit", "010gbit", "1.5gbit", "10kbit", "1000000gbit", "-1gbit", "10gbit ", "ten"} {
+	for _, in := range []string{"10", "10g", "10Gbit", "0gbit", "010gbit", "1.5gbit", "10kbit", "1000000gbit", "-1gbit", "10gbit ", "ten", "99mbit", "1mbit", "401gbit", "999999gbit"} {
 		_, err := parseLinkRate(in)
 		if err == nil {
 			t.Errorf("parseLinkRate(%q): no error", in)
 			continue
 		}
-		if msg := err.Error(); !strings.Contains(msg, "-datapath-link") || !strings.Contains(msg, in) || !strings.Contains(msg, "10gbit") {
+		if msg := err.Error(); !strings.Contains(msg, "-datapath-link") || !strings.Contains(msg, in) || !strings.Contains(msg, "from 100mbit to 400gbit") {
 			t.Errorf("parseLinkRate(%q): %q does not name the flag, the value and what is allowed", in, msg)
 		}
 	}

@@ -3,9 +3,11 @@
 #
 #   etcd-server  /usr/bin/etcd, the apiservers' storage (3.4+ works)
 #   iptables     blackhole / reset faults
-#   iproute2     `ip` to configure the private network namespace
+#   iproute2     `ip` to configure the private network namespace, `tc` to
+#                shape the benchmark's link
 #   openssl      handy for inspecting the generated certificates
-#   util-linux   `unshare` for the private network namespace, `flock`
+#   util-linux   `unshare` for the private network namespace, `flock`,
+#                `nsenter` for the benchmark's link
 #   haproxy      HAProxy (Debian 12: 2.6): the external load balancer whose
 #                backends localproxy's export rewrites in the e2e suite, and
 #                a peer of the benchmark
@@ -39,9 +41,11 @@ declare -A want=(
   [etcd]=etcd-server
   [iptables]=iptables
   [ip]=iproute2
+  [tc]=iproute2
   [openssl]=openssl
   [unshare]=util-linux
   [flock]=util-linux
+  [nsenter]=util-linux
   [haproxy]=haproxy
 )
 if [[ ${bench} -eq 1 ]]; then
