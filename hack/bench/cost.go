@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -53,6 +54,7 @@ const (
 	costLocalProxyActive    = "localproxy-held-active"
 	costHAProxyActive       = "haproxy-kubespray-active"
 	costDirectActive        = "direct-active"
+	costDirectActiveOne     = "direct-active-one"
 	costNone                = "none"
 )
 
@@ -65,7 +67,7 @@ var costContenders = []string{
 	costTransportReadyz, costTransportHeld, costTransportHeldConn,
 	costLocalProxyReadyz, costLocalProxyHeld, costLocalProxyConn,
 	costHAProxyKubespray, costHAProxyConn, costHAProxyInter1s, costDirectConn,
-	costTransportHeldActive, costLocalProxyActive, costHAProxyActive, costDirectActive,
+	costTransportHeldActive, costLocalProxyActive, costDirectActive, costHAProxyActive, costDirectActiveOne,
 }
 
 // costDescriptions for the report.
@@ -84,7 +86,8 @@ var costDescriptions = map[string]string{
 	costTransportHeldActive: "as transport-held-conn, each client sending GET /version on its connection every -cost-active-gap (a busy node agent): the held connection of the apiserver it uses is PINGed while a request waits, and while none is heard from",
 	costLocalProxyActive:    "as localproxy-held-conn, each client sending GET /version through its localproxy every -cost-active-gap",
 	costHAProxyActive:       "as haproxy-kubespray-conn, each client sending GET /version through its HAProxy every -cost-active-gap",
-	costDirectActive:        "as direct-conn, each client sending GET /version every -cost-active-gap: what the requests cost by themselves, on every path",
+	costDirectActive:        "as direct-conn, each client sending GET /version every -cost-active-gap: what the requests cost by themselves, spread over the apiservers as transport's and localproxy's are",
+	costDirectActiveOne:     "as direct-active, every client on the first apiserver, where each kubespray HAProxy (balance leastconn) sends its one connection: haproxy-kubespray-active's requests by themselves",
 }
 
 // Ports of the cost contenders' instance i: base + i, apart from the
@@ -137,9 +140,13 @@ type CostResults struct {
 type CostSample struct {
 	Contender string  `json:"contender"`
 	WallS     float64 `json:"wall_s"`
-	// APIServerMs: the three kube-apiserver processes together.
-	APIServerMs float64 `json:"apiserver_ms_per_s"`
-	EtcdMs      float64 `json:"etcd_ms_per_s"`
+	// APIServerMs: the three kube-apiserver processes together;
+	// APIServerEachMs: each, in the bed's order. How a contender spreads
+	// its clients' requests over them shows there, and counts: requests
+	// on one apiserver cost it less than as many spread over three.
+	APIServerMs     float64   `json:"apiserver_ms_per_s"`
+	APIServerEachMs []float64 `json:"apiserver_each_ms_per_s,omitempty"`
+	EtcdMs          float64   `json:"etcd_ms_per_s"`
 	// ClientMs: the contender's processes, or for in-process clients the
 	// bench process.
 	ClientMs float64 `json:"client_ms_per_s"`
@@ -377,9 +384,12 @@ func costInProcess(contender string) bool {
 
 // costDirectFor is the contender with contender's connections and
 // requests and no health checking: direct-conn for a -conn one,
-// direct-active for an -active one, "" for others.
+// direct-active for an -active one (direct-active-one for HAProxy's,
+// which sends them all to one apiserver), "" for others.
 func costDirectFor(contender string) string {
 	switch {
+	case contender == costHAProxyActive || contender == costDirectActiveOne:
+		return costDirectActiveOne
 	case strings.HasSuffix(contender, "-conn"):
 		return costDirectConn
 	case strings.HasSuffix(contender, "-active"):
@@ -464,6 +474,21 @@ func costWindow(ctx context.Context, name string, window time.Duration, apiPids 
 	if err != nil {
 		return s, err
 	}
+	each := func() ([]time.Duration, error) {
+		out := make([]time.Duration, len(api0))
+		for i, p := range api0 {
+			d, err := costStatCPU([]int{p})
+			if err != nil {
+				return nil, fmt.Errorf("apiserver CPU: %w", err)
+			}
+			out[i] = d
+		}
+		return out, nil
+	}
+	each0, err := each()
+	if err != nil {
+		return s, err
+	}
 	began := time.Now()
 	say("  %s: measuring for %s", name, window)
 	select {
@@ -479,9 +504,16 @@ func costWindow(ctx context.Context, name string, window time.Duration, apiPids 
 	if err != nil {
 		return s, err
 	}
+	each1, err := each()
+	if err != nil {
+		return s, err
+	}
 	perSec := func(d time.Duration) float64 { return round(float64(d.Milliseconds())/wall.Seconds(), 2) }
 	s.WallS = round(wall.Seconds(), 2)
 	s.APIServerMs, s.EtcdMs, s.ClientMs = perSec(a1-a0), perSec(e1-e0), perSec(c1-c0)
+	for i := range each0 {
+		s.APIServerEachMs = append(s.APIServerEachMs, perSec(each1[i]-each0[i]))
+	}
 	return s, nil
 }
 
@@ -569,9 +601,11 @@ func startCostGroup(ctx context.Context, e *env, name, dir string, n int, gap ti
 	case costHAProxyInter1s:
 		return startCostHAProxies(ctx, e, dir, n, true, costUseNone, gap)
 	case costDirectConn:
-		return startCostDirect(e, n, costUseIdle, gap)
+		return startCostDirect(e, n, costUseIdle, gap, false)
 	case costDirectActive:
-		return startCostDirect(e, n, costUseActive, gap)
+		return startCostDirect(e, n, costUseActive, gap, false)
+	case costDirectActiveOne:
+		return startCostDirect(e, n, costUseActive, gap, true)
 	}
 	return nil, fmt.Errorf("unknown contender %q", name)
 }
@@ -990,11 +1024,15 @@ func (c *costConns) close() {
 }
 
 // startCostDirect is n client connections straight to the apiservers,
-// client i's to apiserver i mod 3 (spread, as the other contenders'
-// are), used as use says, and no health check: what the -conn and
-// -active contenders' connections and requests cost by themselves.
-func startCostDirect(e *env, n int, use costUse, gap time.Duration) (*costGroup, error) {
+// client i's to apiserver i mod 3 (spread, as transport's and
+// localproxy's are) or, with one, all to the first, used as use says,
+// and no health check: what the -conn and -active contenders'
+// connections and requests cost by themselves.
+func startCostDirect(e *env, n int, use costUse, gap time.Duration, one bool) (*costGroup, error) {
 	servers := e.bed.APIServers()
+	if one {
+		servers = servers[:1]
+	}
 	var conns costConns
 	return &costGroup{
 		connect: conns.connect(use, gap, func() error {
@@ -1036,15 +1074,15 @@ func (c *CostResults) markdown(w func(string, ...any)) {
 	}
 	w("The -conn contenders' clients each keep one client-go connection (one GET /version, then idle), the -active ones send GET /version on it every %s (a busy node agent); \"above direct\": the apiserver figure less direct-conn's or direct-active's (the same connections and requests, no health check at all), what health checking costs per client in use; \"req/client/s\": the -active clients' requests answered per second each, the same for every contender if the comparison holds.", time.Duration(c.Config.ActiveGapS*float64(time.Second)))
 	w("")
-	w("| contender | apiserver ms/client/s | drift | above direct | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | req/client/s | 5,000 nodes: apiserver cores |")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	w("| contender | apiserver ms/client/s | drift | above direct | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | req/client/s | each apiserver ms/s | 5,000 nodes: apiserver cores |")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range c.Rows {
 		if r.Error != "" || r.Raw.WallS == 0 {
 			msg := r.Error
 			if msg == "" {
 				msg = "not measured"
 			}
-			w("| %s | error: %s | | | | | | | | |", r.Contender, strings.ReplaceAll(oneLine(msg, 300), "|", "/"))
+			w("| %s | error: %s | | | | | | | | | |", r.Contender, strings.ReplaceAll(oneLine(msg, 300), "|", "/"))
 			continue
 		}
 		name := r.Contender
@@ -1058,8 +1096,12 @@ func (c *CostResults) markdown(w func(string, ...any)) {
 		if r.Raw.RequestErrors > 0 {
 			name += fmt.Sprintf(" (%d requests failed)", r.Raw.RequestErrors)
 		}
-		w("| %s | %.3f | %.3f | %s | %s | %s | %.3f | %.3f | %s | %.2f |", name, r.APIServerPerClient, r.Drift, above, fmtRatio(r.VsHAProxy), fmtRatio(r.VsLocalProxy),
-			r.EtcdPerClient, r.ClientPerClient, fmtPositive("%.2f", r.ReqPerClientS), r.Cores5000)
+		each := make([]string, len(r.Raw.APIServerEachMs))
+		for i, ms := range r.Raw.APIServerEachMs {
+			each[i] = fmt.Sprintf("%.0f", ms)
+		}
+		w("| %s | %.3f | %.3f | %s | %s | %s | %.3f | %.3f | %s | %s | %.2f |", name, r.APIServerPerClient, r.Drift, above, fmtRatio(r.VsHAProxy), fmtRatio(r.VsLocalProxy),
+			r.EtcdPerClient, r.ClientPerClient, fmtPositive("%.2f", r.ReqPerClientS), cmp.Or(strings.Join(each, " / "), "-"), r.Cores5000)
 	}
 	w("")
 	w("5,000 nodes, one client each, each checking the 3 API servers: cores of API server CPU = ms/client/s × 5000 clients / 1000 ms per core-second:")

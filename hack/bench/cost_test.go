@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +80,7 @@ func TestCostRows(t *testing.T) {
 	check("haproxy apiserver", hap.APIServerPerClient, 0.5) // (107-106)/2
 	check("haproxy vs haproxy", hap.VsHAProxy, 1)
 	check("haproxy cores", hap.Cores5000, 2.5)
-	if held != (CostRow{Contender: costTransportHeld, Raw: samples[1]}) {
+	if !reflect.DeepEqual(held, CostRow{Contender: costTransportHeld, Raw: samples[1]}) {
 		t.Errorf("row of a contender that did not run: %+v", held)
 	}
 
@@ -111,7 +112,7 @@ func TestCostRows(t *testing.T) {
 	if r := unbased[0]; r.AboveDirect != nil {
 		t.Errorf("localproxy-held-active without a baseline: above direct %v; want none", *r.AboveDirect)
 	}
-	for in, want := range map[string]string{costLocalProxyConn: costDirectConn, costTransportHeldActive: costDirectActive, costDirectActive: costDirectActive, costLocalProxyHeld: "", costHAProxyInter1s: ""} {
+	for in, want := range map[string]string{costLocalProxyConn: costDirectConn, costTransportHeldActive: costDirectActive, costDirectActive: costDirectActive, costHAProxyActive: costDirectActiveOne, costLocalProxyHeld: "", costHAProxyInter1s: ""} {
 		if got := costDirectFor(in); got != want {
 			t.Errorf("costDirectFor(%s) = %q, want %q", in, got, want)
 		}
@@ -149,7 +150,7 @@ func TestCostMarkdown(t *testing.T) {
 		Rows: []CostRow{
 			{Contender: costLocalProxyReadyz, Raw: CostSample{WallS: 30}, APIServerPerClient: 5, Drift: 0.2, VsLocalProxy: 1, Cores5000: 25},
 			{Contender: costLocalProxyHeld, Error: "clients do not count | every apiserver healthy"},
-			{Contender: costLocalProxyActive, Raw: CostSample{WallS: 30, Requests: 95, RequestErrors: 2}, APIServerPerClient: 3.5, Drift: 0.1, AboveDirect: &above, ReqPerClientS: 4.75, Cores5000: 17.5},
+			{Contender: costLocalProxyActive, Raw: CostSample{WallS: 30, Requests: 95, RequestErrors: 2, APIServerEachMs: []float64{50.4, 60, 70.6}}, APIServerPerClient: 3.5, Drift: 0.1, AboveDirect: &above, ReqPerClientS: 4.75, Cores5000: 17.5},
 		},
 		Baselines: []CostSample{{WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 104}, {}},
 	}
@@ -157,9 +158,9 @@ func TestCostMarkdown(t *testing.T) {
 	c.markdown(func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) })
 	md := b.String()
 	for _, want := range []string{
-		"| localproxy-readyz | 5.000 | 0.200 | - | - | 1.00× | 0.000 | 0.000 | - | 25.00 |",
+		"| localproxy-readyz | 5.000 | 0.200 | - | - | 1.00× | 0.000 | 0.000 | - | - | 25.00 |",
 		"| localproxy-held | error: clients do not count / every apiserver healthy |",
-		"| localproxy-held-active (2 requests failed) | 3.500 | 0.100 | 0.125 | - | - | 0.000 | 0.000 | 4.75 | 17.50 |",
+		"| localproxy-held-active (2 requests failed) | 3.500 | 0.100 | 0.125 | - | - | 0.000 | 0.000 | 4.75 | 50 / 60 / 71 | 17.50 |",
 		"send GET /version on it every 200ms",
 		"- localproxy-readyz: 5.000 × 5000 / 1000 = 25.00 cores",
 		"after the last: 100.0, 104.0, not measured ms/s",
