@@ -365,7 +365,7 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 	for i := range rows {
 		// An -active figure holds its requests' cost: no ratio to a
 		// health check's.
-		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 || costDirectFor(rows[i].Contender) == costDirectActive {
+		if rows[i].Raw.WallS == 0 || rows[i].APIServerPerClient == 0 || costActive(rows[i].Contender) {
 			continue
 		}
 		if hap > 0 {
@@ -380,6 +380,13 @@ func costRows(samples, baselines []CostSample, clients int) []CostRow {
 
 func costInProcess(contender string) bool {
 	return strings.HasPrefix(contender, "transport-") || strings.HasPrefix(contender, "direct-")
+}
+
+// costActive reports whether contender's clients send requests (the
+// -active contenders and their direct baselines).
+func costActive(contender string) bool {
+	d := costDirectFor(contender)
+	return d == costDirectActive || d == costDirectActiveOne
 }
 
 // costDirectFor is the contender with contender's connections and

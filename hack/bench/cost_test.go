@@ -104,6 +104,21 @@ func TestCostRows(t *testing.T) {
 	if r := inUse[0]; r.VsHAProxy != 0 || r.VsLocalProxy != 0 {
 		t.Errorf("localproxy-held-active: ratios %v, %v to health checks alone; want none", r.VsHAProxy, r.VsLocalProxy)
 	}
+	// HAProxy's in use against all on one apiserver, and no ratio to a
+	// health check's either.
+	one := costRows([]CostSample{
+		{Contender: costHAProxyKubespray, WallS: 30, APIServerMs: 104},
+		{Contender: costHAProxyActive, WallS: 30, APIServerMs: 126},
+		{Contender: costDirectActive, WallS: 30, APIServerMs: 140},
+		{Contender: costDirectActiveOne, WallS: 30, APIServerMs: 120},
+	}, []CostSample{{WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}, {WallS: 30, APIServerMs: 100}}, 2)
+	if r := one[1]; r.AboveDirect == nil || *r.AboveDirect != 3 || r.VsHAProxy != 0 || r.VsLocalProxy != 0 { // (126-100)/2 - (120-100)/2
+		t.Errorf("haproxy-kubespray-active: above direct %v, ratios %v, %v; want 3 (against direct-active-one), none", r.AboveDirect, r.VsHAProxy, r.VsLocalProxy)
+	}
+	if r := one[3]; r.VsHAProxy != 0 || r.AboveDirect != nil {
+		t.Errorf("direct-active-one: ratio %v, above direct %v; want none", r.VsHAProxy, r.AboveDirect)
+	}
+
 	// Without a baseline beside it, no figure above direct.
 	unbased := costRows([]CostSample{
 		{Contender: costLocalProxyActive, WallS: 30, APIServerMs: 130},
