@@ -81,7 +81,7 @@ var costDescriptions = map[string]string{
 	costHAProxyKubespray:    "HAProxy processes, kubespray's configuration (GET /healthz over a new TLS connection, inter 15s)",
 	costHAProxyConn:         "as haproxy-kubespray, each with one idle client-go connection through it (one GET /version first)",
 	costHAProxyInter1s:      "HAProxy processes, kubespray's configuration with inter 1s downinter 1s",
-	costDirectConn:          "no health check at all: one idle client-go connection (one GET /version first) per client straight to the first apiserver, from the bench process: what the connection itself costs, on every path",
+	costDirectConn:          "no health check at all: one idle client-go connection (one GET /version first) per client straight to an apiserver (client i's to apiserver i mod 3), from the bench process: what the connection itself costs, on every path",
 	costNone:                "no client: the apiservers at rest",
 	costTransportHeldActive: "as transport-held-conn, each client sending GET /version on its connection every -cost-active-gap (a busy node agent): the held connection of the apiserver it uses is PINGed while a request waits, and while none is heard from",
 	costLocalProxyActive:    "as localproxy-held-conn, each client sending GET /version through its localproxy every -cost-active-gap",
@@ -179,8 +179,8 @@ type CostRow struct {
 	// server CPU 5,000 such clients (one per node) take.
 	Cores5000 float64 `json:"cores_5000_nodes"`
 	// AboveDirect, for a contender whose clients use a connection (-conn,
-	// -active): APIServerPerClient less direct-conn's or direct-active's
-	// (the same connections and requests, no health check): what its
+	// -active): APIServerPerClient less that of its costDirectFor (the
+	// same connections and requests, no health check): what its
 	// health checking costs per client in use; nil: not computable.
 	AboveDirect *float64 `json:"above_direct_ms_per_client_s,omitempty"`
 	// ReqPerClientS: Raw.Requests per client.
@@ -206,8 +206,8 @@ type costGroup struct {
 	// connect, if set, opens the clients' connections once every client
 	// counts every apiserver healthy (and starts their requests).
 	connect func() error
-	// requests, if set, counts the clients' requests so far: answered
-	// and failed.
+	// requests counts the clients' requests so far (costConns.counts):
+	// answered and failed.
 	requests func() (ok, failed int64)
 	close    func()
 }
@@ -438,16 +438,12 @@ func costContender(ctx context.Context, e *env, name string, cfg costConfig, api
 		return s, "", ctx.Err()
 	case <-time.After(costSettle):
 	}
-	requests := g.requests
-	if requests == nil {
-		requests = func() (int64, int64) { return 0, 0 }
-	}
-	ok0, failed0 := requests()
+	ok0, failed0 := g.requests()
 	s, err = costWindow(ctx, name, cfg.Window, apiPids, etcdPid, g.pids, say)
 	if err != nil {
 		return s, "", err
 	}
-	ok1, failed1 := requests()
+	ok1, failed1 := g.requests()
 	s.Requests, s.RequestErrors = round(float64(ok1-ok0)/s.WallS, 2), failed1-failed0
 	if dead := g.exited(); dead != "" {
 		return CostSample{Contender: name}, "", fmt.Errorf("client processes exited during the window: %s", dead)
@@ -466,33 +462,23 @@ func costWindow(ctx context.Context, name string, window time.Duration, apiPids 
 		return pids()
 	}
 	api0 := apiPids()
-	// read returns the CPU time of the apiservers, etcd and the clients.
-	read := func() (api, etcd, client time.Duration, err error) {
-		if api, err = costStatCPU(api0); err != nil {
-			return 0, 0, 0, fmt.Errorf("apiserver CPU: %w", err)
+	// read returns the CPU time of each apiserver, of them all, of etcd
+	// and of the clients.
+	read := func() (each []time.Duration, api, etcd, client time.Duration, err error) {
+		for _, p := range api0 {
+			d, err := costStatCPU([]int{p})
+			if err != nil {
+				return nil, 0, 0, 0, fmt.Errorf("apiserver CPU: %w", err)
+			}
+			each, api = append(each, d), api+d
 		}
 		etcd, _ = costStatCPU([]int{etcdPid})
 		if client, err = costStatCPU(clientPids()); err != nil {
-			return 0, 0, 0, fmt.Errorf("client CPU: %w", err)
+			return nil, 0, 0, 0, fmt.Errorf("client CPU: %w", err)
 		}
-		return api, etcd, client, nil
+		return each, api, etcd, client, nil
 	}
-	a0, e0, c0, err := read()
-	if err != nil {
-		return s, err
-	}
-	each := func() ([]time.Duration, error) {
-		out := make([]time.Duration, len(api0))
-		for i, p := range api0 {
-			d, err := costStatCPU([]int{p})
-			if err != nil {
-				return nil, fmt.Errorf("apiserver CPU: %w", err)
-			}
-			out[i] = d
-		}
-		return out, nil
-	}
-	each0, err := each()
+	each0, a0, e0, c0, err := read()
 	if err != nil {
 		return s, err
 	}
@@ -507,11 +493,7 @@ func costWindow(ctx context.Context, name string, window time.Duration, apiPids 
 	if api1 := apiPids(); !slices.Equal(api0, api1) {
 		return s, fmt.Errorf("an apiserver restarted during the window (pids %v, then %v)", api0, api1)
 	}
-	a1, e1, c1, err := read()
-	if err != nil {
-		return s, err
-	}
-	each1, err := each()
+	each1, a1, e1, c1, err := read()
 	if err != nil {
 		return s, err
 	}
@@ -1079,7 +1061,7 @@ func (c *CostResults) markdown(w func(string, ...any)) {
 		w("Apiservers at rest, before the first contender, between two, after the last: %s ms/s. Each contender's baseline is the mean of the windows just before and after it; \"drift\" is their difference per client, the noise of its apiserver figure.", strings.Join(parts, ", "))
 		w("")
 	}
-	w("The -conn contenders' clients each keep one client-go connection (one GET /version, then idle), the -active ones send GET /version on it every %s (a busy node agent); \"above direct\": the apiserver figure less direct-conn's or direct-active's (the same connections and requests, no health check at all), what health checking costs per client in use; \"req/client/s\": the -active clients' requests answered per second each, the same for every contender if the comparison holds.", time.Duration(c.Config.ActiveGapS*float64(time.Second)))
+	w("The -conn contenders' clients each keep one client-go connection (one GET /version, then idle), the -active ones send GET /version on it every %s (a busy node agent); \"above direct\": the apiserver figure less direct-conn's, direct-active's or, for HAProxy's, direct-active-one's (the same connections and requests, spread over the apiservers as the contender spreads them, no health check at all), what health checking costs per client in use; \"req/client/s\": the -active clients' requests answered per second each, the same for every contender if the comparison holds.", time.Duration(c.Config.ActiveGapS*float64(time.Second)))
 	w("")
 	w("| contender | apiserver ms/client/s | drift | above direct | vs haproxy-kubespray | vs localproxy-readyz | etcd ms/client/s | client ms/client/s | req/client/s | each apiserver ms/s | 5,000 nodes: apiserver cores |")
 	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/apifailover/apifailover/hack/peers"
 	"github.com/apifailover/apifailover/localproxy"
 )
 
@@ -683,7 +684,7 @@ func runDatapath(ctx context.Context, e *env, paths []string, cfg datapathConfig
 	for i := range names {
 		sinkAddrs = append(sinkAddrs, "127.0.0.1:"+strconv.Itoa(sinkBasePort+i))
 	}
-	sinkProc, err := startSink(ctx, filepath.Join(e.dir, "datapath", "sink"), e.bed.ServingCertificate(), sinkAddrs)
+	sinkProc, err := startSink(ctx, filepath.Join(e.dir, "datapath", "sink"), e.bed.ServingCertificate(), sinkAddrs, sinkAddrs[0], peers.ProcOptions{})
 	if err != nil {
 		return fail(fmt.Errorf("start the sink: %w", err))
 	}

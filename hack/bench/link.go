@@ -129,24 +129,16 @@ func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, port
 		listen = append(listen, "0.0.0.0:"+strconv.Itoa(port))
 		reach = append(reach, linkSinkAddr+":"+strconv.Itoa(port))
 	}
-	files, err := writeSinkFiles(dir, cert)
-	if err != nil {
-		return nil, nil, err
-	}
-	exe, err := sinkExecutable()
-	if err != nil {
-		return nil, nil, err
-	}
 	// The wait is for the last port the sink listens on (sinkMain takes
 	// them last first), across the link: it proves the link carries and
 	// every port listens.
 	opts := peers.ProcOptions{NewNetns: true, Started: func(pid int) error { return runSteps(linkSteps(pid, bits)) }}
-	pp, err := peers.StartProcWith(ctx, opts, "sink", filepath.Join(dir, "sink.log"), reach[0], exe, append([]string{sinkCommand}, append(files, listen...)...)...)
+	p, err := startSink(ctx, dir, cert, listen, reach[0], opts)
 	if err != nil {
 		dropLink()
 		return nil, nil, err
 	}
-	return &proc{Proc: pp, name: "sink", logPath: pp.LogPath()}, reach, nil
+	return p, reach, nil
 }
 
 // runLink measures the throughput of the contenders names across a link

@@ -110,7 +110,12 @@ func (p *proc) stop()                 { p.Stop() }
 
 // startProc is peers.StartProc.
 func startProc(ctx context.Context, name, logPath, addr string, path string, args ...string) (*proc, error) {
-	p, err := peers.StartProc(ctx, name, logPath, addr, path, args...)
+	return startProcWith(ctx, peers.ProcOptions{}, name, logPath, addr, path, args...)
+}
+
+// startProcWith is peers.StartProcWith.
+func startProcWith(ctx context.Context, opts peers.ProcOptions, name, logPath, addr string, path string, args ...string) (*proc, error) {
+	p, err := peers.StartProcWith(ctx, opts, name, logPath, addr, path, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/apifailover/apifailover/hack/peers"
 )
 
 // The sink is the synthetic upstream of the data-path measurement: a
@@ -79,22 +81,9 @@ func sinkMain(args []string) int {
 }
 
 // startSink starts the sink process listening on addrs, with cert, its
-// files and log in dir.
-func startSink(ctx context.Context, dir string, cert tls.Certificate, addrs []string) (*proc, error) {
-	files, err := writeSinkFiles(dir, cert)
-	if err != nil {
-		return nil, err
-	}
-	exe, err := sinkExecutable()
-	if err != nil {
-		return nil, err
-	}
-	return startProc(ctx, "sink", filepath.Join(dir, "sink.log"), addrs[0], exe, append([]string{sinkCommand}, append(files, addrs...)...)...)
-}
-
-// writeSinkFiles writes cert and its key into dir as PEM files, and
-// returns their paths: the sink command's CERT and KEY.
-func writeSinkFiles(dir string, cert tls.Certificate) ([]string, error) {
+// files and log in dir, started with opts; it waits until wait accepts
+// connections.
+func startSink(ctx context.Context, dir string, cert tls.Certificate, addrs []string, wait string, opts peers.ProcOptions) (*proc, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -109,11 +98,12 @@ func writeSinkFiles(dir string, cert tls.Certificate) ([]string, error) {
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600); err != nil {
 		return nil, err
 	}
-	return []string{certFile, keyFile}, nil
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return startProcWith(ctx, opts, "sink", filepath.Join(dir, "sink.log"), wait, exe, append([]string{sinkCommand, certFile, keyFile}, addrs...)...)
 }
-
-// sinkExecutable is the bench's own binary, which runs the sink command.
-func sinkExecutable() (string, error) { return os.Executable() }
 
 // sink serves the sink protocol on any number of listeners.
 type sink struct {
