@@ -38,13 +38,15 @@ deps:
 
 ## e2e: the failover suite against etcd + real kube-apiservers in a private network namespace,
 ## then the 2-minute chaos soak built with the race detector (its clients, and localproxy, a
-## process of its own built with -race too).
+## process of its own built with -race too). The output is go test -v's, through hack/testlog:
+## when a test fails, its own lines come again at the end.
 e2e: deps
 	@echo "==> test bed smoke test and end-to-end suite"
 	mkdir -p _output/e2e
-	APIFAILOVER_E2E=1 $(GO) test -count=1 -timeout 40m -v $$($(GO) list ./hack/... | grep -v '/hack/chaos$$') 2>&1 | tee _output/e2e/go-test.log; exit $${PIPESTATUS[0]}
+	$(GO) build -o _output/testlog ./hack/testlog
+	APIFAILOVER_E2E=1 $(GO) test -json -count=1 -timeout 40m $$($(GO) list ./hack/... | grep -v '/hack/chaos$$') 2>&1 | _output/testlog | tee _output/e2e/go-test.log; exit $${PIPESTATUS[0]}
 	@echo "==> chaos soak, 2 minutes, race detector (go test -race ./hack/chaos/)"
-	APIFAILOVER_E2E=1 $(GO) test -race -count=1 -timeout 30m -v ./hack/chaos/ 2>&1 | tee _output/e2e/chaos.log; exit $${PIPESTATUS[0]}
+	APIFAILOVER_E2E=1 $(GO) test -json -race -count=1 -timeout 30m ./hack/chaos/ 2>&1 | _output/testlog | tee _output/e2e/chaos.log; exit $${PIPESTATUS[0]}
 
 ## chaos: a seeded soak of random faults under load with invariants (hack/chaos):
 ## DURATION (default 10m) and SEED (default: from the clock) choose it; the
