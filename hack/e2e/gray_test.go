@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -75,17 +76,34 @@ func (e *env) grayLoad() *workload.Workload {
 // records the longest request and the failures.
 func (e *env) checkGray(r workload.Results) {
 	e.t.Helper()
-	var longest time.Duration
+	var longest workload.Request
 	for _, q := range append(slices.Clone(r.Gets), r.Writes...) {
-		longest = max(longest, q.End.Sub(q.Start))
+		if q.End.Sub(q.Start) > longest.End.Sub(longest.Start) {
+			longest = q
+		}
 	}
-	e.seconds("max_latency", longest)
-	if longest > grayDeadline+deadlineSlack {
-		e.t.Errorf("a request took %s, its deadline was %s", longest.Round(time.Millisecond), grayDeadline)
+	took := longest.End.Sub(longest.Start)
+	e.seconds("max_latency", took)
+	if took > grayDeadline+deadlineSlack {
+		e.t.Errorf("a request took %s, its deadline was %s: %s", took.Round(time.Millisecond), grayDeadline, describeRequest(longest, e.faultAt))
 	}
-	if e.row.Duplicates > 0 {
-		e.t.Errorf("%d logical creates produced more than one object", e.row.Duplicates)
+	if dups := r.Duplicates(); len(dups) > 0 {
+		e.t.Errorf("%d logical creates produced more than one object: sequence numbers %v", len(dups), firstN(dups, 10))
 	}
+}
+
+// describeRequest says what q was, when it started (from the fault at
+// t0), where it went and how it ended, on one line.
+func describeRequest(q workload.Request, t0 time.Time) string {
+	kind := "GET"
+	if q.Seq > 0 {
+		kind = fmt.Sprintf("create #%d", q.Seq)
+	}
+	s := fmt.Sprintf("%s started %+.3fs after the fault, via %q, %d attempts", kind, q.Start.Sub(t0).Seconds(), q.Endpoint, q.Attempts)
+	if q.Err != nil {
+		s += ", " + oneLine(q.Err.Error(), 200)
+	}
+	return s
 }
 
 // slowRequests counts requests started in [from, to) that took longer
@@ -139,6 +157,24 @@ func (l *eventLog) count(kind upstream.EventKind, addr string, from, to time.Tim
 		}
 	}
 	return n
+}
+
+// reasons lists, on one line, when the events of kind for addr in
+// [from, to] came (from from) and why.
+func (l *eventLog) reasons(kind upstream.EventKind, addr string, from, to time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, ev := range l.events {
+		if ev.Kind == kind && ev.Addr == addr && !ev.at.Before(from) && !ev.at.After(to) {
+			why := ev.State.String()
+			if ev.Err != nil {
+				why += " " + oneLine(ev.Err.Error(), 200)
+			}
+			out = append(out, fmt.Sprintf("%+.3fs %s", ev.at.Sub(from).Seconds(), why))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func (l *eventLog) String() string {
@@ -242,7 +278,7 @@ func s10Lossy(e *env) {
 		n := events.count(upstream.EventDown, o.Addr(), t0, end)
 		flaps += n
 		if n > 0 {
-			e.t.Errorf("healthy %s marked down %d times while %s was lossy", o.Addr(), n, s.Addr())
+			e.t.Errorf("healthy %s marked down %d times while %s was lossy: %s", o.Addr(), n, s.Addr(), events.reasons(upstream.EventDown, o.Addr(), t0, end))
 		}
 	}
 	e.figure("others_down_events", float64(flaps), "")
@@ -404,4 +440,27 @@ func firstFailure(rs []workload.Request) (time.Time, bool) {
 		}
 	}
 	return first, !first.IsZero()
+}
+
+// TestGrayFailureLines: the lines a failed gray check prints say which
+// request, or which events and why, on one line each (hack/testlog
+// repeats a failed test's own lines, not what is indented under them).
+func TestGrayFailureLines(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 20, 0, 0, 0, time.UTC)
+	l := &eventLog{}
+	for _, ev := range []timedEvent{
+		{t0.Add(-time.Second), upstream.Event{Kind: upstream.EventDown, Addr: "a:6443", State: upstream.StateUnhealthy, Err: errors.New("before")}},
+		{t0.Add(1500 * time.Millisecond), upstream.Event{Kind: upstream.EventDown, Addr: "a:6443", State: upstream.StateUnhealthy, Err: errors.New("PING unanswered\nwithin 300ms")}},
+		{t0.Add(2 * time.Second), upstream.Event{Kind: upstream.EventUp, Addr: "a:6443", State: upstream.StateHealthy}},
+		{t0.Add(3 * time.Second), upstream.Event{Kind: upstream.EventDown, Addr: "b:6443", State: upstream.StateUnhealthy}},
+	} {
+		l.events = append(l.events, ev)
+	}
+	if got, want := l.reasons(upstream.EventDown, "a:6443", t0, t0.Add(time.Minute)), "+1.500s unhealthy PING unanswered | within 300ms"; got != want {
+		t.Errorf("reasons = %q, want %q", got, want)
+	}
+	q := workload.Request{Seq: 7, Start: t0.Add(2 * time.Second), End: t0.Add(8 * time.Second), Endpoint: "127.0.0.1:7445", Attempts: 1, Err: errors.New("context deadline exceeded")}
+	if got, want := describeRequest(q, t0), `create #7 started +2.000s after the fault, via "127.0.0.1:7445", 1 attempts, context deadline exceeded`; got != want {
+		t.Errorf("describeRequest = %q, want %q", got, want)
+	}
 }
