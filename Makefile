@@ -38,8 +38,8 @@ deps:
 
 ## e2e: the failover suite against etcd + real kube-apiservers in a private network namespace,
 ## then the 2-minute chaos soak built with the race detector (its clients, and localproxy, a
-## process of its own built with -race too). The output is go test -v's, through hack/testlog:
-## when a test fails, its own lines come again at the end.
+## process of its own built with -race too). go test -json, printed by hack/testlog as go test -v's
+## lines; when tests fail (or one hangs until the timeout), their own lines come again at the end.
 e2e: deps
 	@echo "==> test bed smoke test and end-to-end suite"
 	mkdir -p _output/e2e

@@ -99,7 +99,10 @@ func describeRequest(q workload.Request, t0 time.Time) string {
 	if q.Seq > 0 {
 		kind = fmt.Sprintf("create #%d", q.Seq)
 	}
-	s := fmt.Sprintf("%s started %+.3fs after the fault, via %q, %d attempts", kind, q.Start.Sub(t0).Seconds(), q.Endpoint, q.Attempts)
+	s := fmt.Sprintf("%s started %+.3fs after the fault, via %q", kind, q.Start.Sub(t0).Seconds(), q.Endpoint)
+	if q.Attempts > 0 {
+		s += fmt.Sprintf(", attempts: %d", q.Attempts)
+	}
 	if q.Err != nil {
 		s += ", " + oneLine(q.Err.Error(), 200)
 	}
@@ -447,20 +450,17 @@ func firstFailure(rs []workload.Request) (time.Time, bool) {
 // repeats a failed test's own lines, not what is indented under them).
 func TestGrayFailureLines(t *testing.T) {
 	t0 := time.Date(2026, 11, 27, 20, 0, 0, 0, time.UTC)
-	l := &eventLog{}
-	for _, ev := range []timedEvent{
+	l := &eventLog{events: []timedEvent{
 		{t0.Add(-time.Second), upstream.Event{Kind: upstream.EventDown, Addr: "a:6443", State: upstream.StateUnhealthy, Err: errors.New("before")}},
 		{t0.Add(1500 * time.Millisecond), upstream.Event{Kind: upstream.EventDown, Addr: "a:6443", State: upstream.StateUnhealthy, Err: errors.New("PING unanswered\nwithin 300ms")}},
 		{t0.Add(2 * time.Second), upstream.Event{Kind: upstream.EventUp, Addr: "a:6443", State: upstream.StateHealthy}},
 		{t0.Add(3 * time.Second), upstream.Event{Kind: upstream.EventDown, Addr: "b:6443", State: upstream.StateUnhealthy}},
-	} {
-		l.events = append(l.events, ev)
-	}
+	}}
 	if got, want := l.reasons(upstream.EventDown, "a:6443", t0, t0.Add(time.Minute)), "+1.500s unhealthy PING unanswered | within 300ms"; got != want {
 		t.Errorf("reasons = %q, want %q", got, want)
 	}
 	q := workload.Request{Seq: 7, Start: t0.Add(2 * time.Second), End: t0.Add(8 * time.Second), Endpoint: "127.0.0.1:7445", Attempts: 1, Err: errors.New("context deadline exceeded")}
-	if got, want := describeRequest(q, t0), `create #7 started +2.000s after the fault, via "127.0.0.1:7445", 1 attempts, context deadline exceeded`; got != want {
+	if got, want := describeRequest(q, t0), `create #7 started +2.000s after the fault, via "127.0.0.1:7445", attempts: 1, context deadline exceeded`; got != want {
 		t.Errorf("describeRequest = %q, want %q", got, want)
 	}
 }

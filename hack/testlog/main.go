@@ -1,10 +1,14 @@
 // Command testlog reads `go test -json` on standard input and writes the
-// text `go test -v` would have written, as it comes. At the end, when
-// tests failed, it names them again with their own top-level lines (what
-// t.Log and t.Error print at one indent, not the timelines and dumps
-// under them), so that the tail of a long log, which is all a CI page may
-// show, says what failed and why. Lines that are not JSON (a build error,
-// a panic before the test binary ran) pass through as they are.
+// text `go test -v` would have written, as it comes (test2json keeps
+// some of it: === NAME lines are made again here; subtests' --- lines
+// come unindented, as each ends). At the end, when tests failed, it
+// names them again with their own top-level lines (what t.Log and
+// t.Error print at one indent, and a panic's or a timeout's first line;
+// not the timelines and dumps indented under them), so that the tail of
+// a long log, which is all a CI page may show, says what failed and why.
+// A test that was running when its binary timed out, panicked or exited
+// is named as failed. Lines that are not JSON (a build error, a panic
+// before the test binary ran) pass through as they are.
 //
 //	go test -json ./hack/... 2>&1 | go run ./hack/testlog
 //
@@ -18,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -65,12 +70,27 @@ type event struct {
 // lines (its pass or fail line, output from TestMain).
 type key struct{ Package, Test string }
 
-type collector struct {
-	lines  map[key][]string // the last keepLines top-level lines of each test
-	failed []key            // tests and packages that failed, in order
+func (k key) String() string {
+	if k.Test == "" {
+		return k.Package
+	}
+	return k.Package + " " + k.Test
 }
 
-func newCollector() *collector { return &collector{lines: make(map[key][]string)} }
+type collector struct {
+	lines   map[key][]string // the last keepLines top-level lines of each
+	partial map[key]string   // a line test2json split, until its end
+	// running holds the tests that started and have not ended, in the
+	// order they started: a test running when its binary timed out,
+	// panicked or exited gets no end of its own.
+	running []key
+	failed  []key // tests and packages that failed, in order, once each
+	last    key   // whose output came last, for === NAME lines
+}
+
+func newCollector() *collector {
+	return &collector{lines: make(map[key][]string), partial: make(map[key]string)}
+}
 
 // line takes one input line and returns the text to print for it.
 func (c *collector) line(b []byte) string {
@@ -83,50 +103,114 @@ func (c *collector) line(b []byte) string {
 		k.Package = ev.ImportPath
 	}
 	switch ev.Action {
+	case "run":
+		c.running = append(c.running, k)
 	case "output", "build-output":
-		if topLevel(ev.Output, ev.Test != "") {
-			l := append(c.lines[k], strings.TrimRight(ev.Output, "\n"))
-			c.lines[k] = l[max(len(l)-keepLines, 0):]
+		text := ev.Output
+		if ev.Test != "" && k != c.last && !strings.HasPrefix(text, "=== ") && !strings.HasPrefix(strings.TrimLeft(text, " "), "--- ") {
+			// go test -v names the test whose output follows another's
+			// (a parallel test, a parent after its subtest); test2json
+			// takes those lines in.
+			text = "=== NAME  " + ev.Test + "\n" + text
 		}
-		return ev.Output
+		c.last = k
+		c.keep(k, ev.Output)
+		return text
+	case "pass", "skip":
+		c.end(k)
 	case "fail", "build-fail":
-		c.failed = append(c.failed, k)
+		c.end(k)
+		if k.Test == "" {
+			// Its tests that never ended failed with it (a timeout, a
+			// panic, an exit): named before it.
+			for _, r := range c.running {
+				if r.Package == k.Package {
+					c.fail(r)
+				}
+			}
+		}
+		c.fail(k)
 	}
 	return ""
 }
 
-// topLevel reports whether a line of output is worth repeating: a test's
-// line at one indent (t.Log, t.Error; not the lines indented under them,
-// not its === and --- lines), or any line of a package's own.
-func topLevel(s string, inTest bool) bool {
-	if !inTest {
-		return strings.TrimSpace(s) != ""
+// keep adds out, a piece of output, to k's lines: test2json splits a long
+// line into pieces, which are joined here before the line is judged.
+func (c *collector) keep(k key, out string) {
+	out = c.partial[k] + out
+	delete(c.partial, k)
+	for out != "" {
+		l, rest, whole := strings.Cut(out, "\n")
+		if !whole {
+			c.partial[k] = l
+			return
+		}
+		out = rest
+		if keepLine(l, k.Test != "") {
+			ls := append(c.lines[k], l)
+			c.lines[k] = ls[max(len(ls)-keepLines, 0):]
+		}
 	}
-	rest, ok := strings.CutPrefix(s, "    ")
-	return ok && rest != "" && rest[0] != ' ' && rest[0] != '\n' && !strings.HasPrefix(rest, "--- ")
+}
+
+// keepLine reports whether a line of output is worth repeating: a test's
+// line at one indent (t.Log, t.Error; not the lines indented under them,
+// not its === and --- lines) or a panic's first line (a panic, a
+// timeout), or any line of a package's own.
+func keepLine(l string, inTest bool) bool {
+	if !inTest {
+		return strings.TrimSpace(l) != ""
+	}
+	if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+		return true
+	}
+	rest, ok := strings.CutPrefix(l, "    ")
+	return ok && rest != "" && rest[0] != ' ' && !strings.HasPrefix(rest, "--- ")
+}
+
+// end takes k off the running tests.
+func (c *collector) end(k key) {
+	if i := slices.Index(c.running, k); i >= 0 {
+		c.running = slices.Delete(c.running, i, i+1)
+	}
+}
+
+// fail records k's failure, once.
+func (c *collector) fail(k key) {
+	c.end(k)
+	if !slices.Contains(c.failed, k) {
+		c.failed = append(c.failed, k)
+	}
 }
 
 // writeFailures names the failed tests, in the order they ended, and
-// repeats their lines. A test whose subtest failed is only named (the
-// subtest, which ended before it, says why); so is a package when a test
-// of it failed.
+// repeats their lines (with a line test2json left unfinished). A test
+// whose subtest failed is only named, its own lines not repeated (a
+// parent's are mostly set-up logs, which would push its subtests' out of
+// the log's tail; its subtest, which ended before it, says why); so is a
+// package when a test of it failed.
 func (c *collector) writeFailures(w io.Writer) {
-	if len(c.failed) == 0 {
+	leaves := 0
+	for _, k := range c.failed {
+		if !c.hasFailedChild(k) {
+			leaves++
+		}
+	}
+	if leaves == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\n==> failed (%d), with their own lines again:\n", len(c.failed))
+	fmt.Fprintf(w, "\n==> %d failed, with their own lines again:\n", leaves)
 	for _, k := range c.failed {
-		name := k.Package
-		if k.Test != "" {
-			name = k.Package + " " + k.Test
-		}
 		if c.hasFailedChild(k) {
-			fmt.Fprintf(w, "--- FAIL: %s (for what failed in it, see above)\n", name)
+			fmt.Fprintf(w, "--- FAIL: %s (for what failed in it, see above)\n", k)
 			continue
 		}
-		fmt.Fprintf(w, "--- FAIL: %s\n", name)
+		fmt.Fprintf(w, "--- FAIL: %s\n", k)
 		for _, l := range c.lines[k] {
 			fmt.Fprintln(w, l)
+		}
+		if p := c.partial[k]; p != "" && keepLine(p, k.Test != "") {
+			fmt.Fprintln(w, p)
 		}
 	}
 }

@@ -26,54 +26,88 @@ func vText(t *testing.T, input []byte) string {
 	return b.String()
 }
 
+// streamed splits testlog's output into what it streamed, less the
+// === NAME lines it adds, and the summary after it.
+func streamed(out string) (text, summary string) {
+	if i := strings.Index(out, "\n==> "); i >= 0 {
+		out, summary = out[:i], out[i+1:]
+	}
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(out, "\n") {
+		if !strings.HasPrefix(l, "=== NAME  ") {
+			b.WriteString(l)
+		}
+	}
+	return b.String(), summary
+}
+
 func TestRun(t *testing.T) {
-	gray, err := os.ReadFile("testdata/gray.json")
-	if err != nil {
-		t.Fatal(err)
+	read := func(name string) []byte {
+		b, err := os.ReadFile("testdata/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
-	build, err := os.ReadFile("testdata/build.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	passed := []byte(`{"Action":"output","Package":"p","Test":"TestA","Output":"    a_test.go:1: fine\n"}
+	passed := []byte(`{"Action":"run","Package":"p","Test":"TestA"}
+{"Action":"output","Package":"p","Test":"TestA","Output":"    a_test.go:1: fine\n"}
 {"Action":"pass","Package":"p","Test":"TestA"}
 {"Action":"pass","Package":"p"}
 `)
+	why := strings.Repeat("why ", 600)
 	for _, tc := range []struct {
 		name  string
 		input []byte
-		// summary is what must follow the -v text exactly.
+		// summary is what must follow the streamed text exactly.
 		summary string
+		// names are lines that must come, in this order, in the streamed
+		// text: the === NAME lines go test -v prints.
+		names []string
 	}{
-		{"passed", passed, ""},
-		{"subtest failed", gray, `
-==> failed (3), with their own lines again:
---- FAIL: example.com/tl/p TestGray/localproxy
-    p_test.go:10: drop 20% of packets
-    p_test.go:11: timeline:
-    p_test.go:12: healthy 10.250.0.1:6443 marked down 1 times
-    p_test.go:13: figure: max_latency = 0.3 s
---- FAIL: example.com/tl/p TestGray (for what failed in it, see above)
---- FAIL: example.com/tl/p (for what failed in it, see above)
-`},
-		{"build failed", build, `
-==> failed (2), with their own lines again:
+		{"passed", passed, "", nil},
+		{"subtest failed", read("gray.json"), `==> 1 failed, with their own lines again:
+--- FAIL: example.com/tl/gray TestGray/localproxy
+    g_test.go:14: drop 20% of packets
+    g_test.go:15: timeline:
+    g_test.go:16: healthy 10.250.0.1:6443 marked down 1 times: ` + why + ` END
+    g_test.go:17: figure: max_latency = 0.3 s
+--- FAIL: example.com/tl/gray TestGray (for what failed in it, see above)
+--- FAIL: example.com/tl/gray (for what failed in it, see above)
+`, []string{"--- FAIL: TestGray/localproxy (0.00s)", "=== NAME  TestGray", "    g_test.go:19: bed closed"}},
+		{"timed out", read("timeout.json"), `==> 1 failed, with their own lines again:
+--- FAIL: example.com/tl/slow TestSlow
+    s_test.go:11: waiting for the server
+panic: test timed out after 1s
+--- FAIL: example.com/tl/slow (for what failed in it, see above)
+`, nil},
+		{"build failed", read("build.json"), `==> 2 failed, with their own lines again:
 --- FAIL: example.com/tl/b [example.com/tl/b.test]
 # example.com/tl/b [example.com/tl/b.test]
 b/b_test.go:5:28: undefined: undefined
 --- FAIL: example.com/tl/b
 FAIL	example.com/tl/b [build failed]
-`},
-		{"not JSON", append([]byte("go: downloading example.com/x v1.0.0\n"), passed...), ""},
+`, nil},
+		{"not JSON", append([]byte("go: downloading example.com/x v1.0.0\n"), passed...), "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			if err := run(bytes.NewReader(tc.input), &out); err != nil {
 				t.Fatal(err)
 			}
-			want := vText(t, tc.input) + tc.summary
-			if got := out.String(); got != want {
-				t.Errorf("output:\n%s\nwant:\n%s", got, want)
+			text, summary := streamed(out.String())
+			if want := vText(t, tc.input); text != want {
+				t.Errorf("streamed:\n%s\nwant:\n%s", text, want)
+			}
+			if summary != tc.summary {
+				t.Errorf("summary:\n%s\nwant:\n%s", summary, tc.summary)
+			}
+			rest := out.String()
+			for _, l := range tc.names {
+				i := strings.Index(rest, "\n"+l+"\n")
+				if i < 0 {
+					t.Fatalf("no line %q (in this order) in:\n%s", l, out.String())
+				}
+				rest = rest[i+len(l)+1:]
 			}
 		})
 	}
@@ -92,7 +126,7 @@ func TestKeepLines(t *testing.T) {
 	if err := run(strings.NewReader(in.String()), &out); err != nil {
 		t.Fatal(err)
 	}
-	_, summary, ok := strings.Cut(out.String(), "==> failed (1)")
+	_, summary, ok := strings.Cut(out.String(), "==> 1 failed")
 	if !ok {
 		t.Fatalf("no summary in:\n%s", out.String())
 	}
