@@ -131,3 +131,35 @@ func TestParkDisarmsTheGate(t *testing.T) {
 		unix.EpollWait(poll.epfd, drain, 0)
 	}
 }
+
+// TestParkDoesNotAllocate: a park costs no allocation, whether an event
+// is there when it looks or its deadline passes first (a function made
+// on each park cost three).
+func TestParkDoesNotAllocate(t *testing.T) {
+	poll, err := newPollerMode(true)
+	require.NoError(t, err)
+	t.Cleanup(poll.closeFDs)
+	require.NotNil(t, poll.gate, "no gate: the test proves nothing")
+	var fds [2]int
+	require.NoError(t, unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC))
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: 2}
+	require.NoError(t, unix.EpollCtl(poll.epfd, unix.EPOLL_CTL_ADD, fds[0], &ev))
+	events := make([]unix.EpollEvent, pollerBatch)
+	one, buf := []byte{1}, make([]byte, 1)
+
+	found := testing.AllocsPerRun(100, func() {
+		unix.Write(fds[1], one)
+		if n, err := poll.park(events, time.Now().Add(10*time.Second)); n != 1 || err != nil {
+			t.Fatalf("park = %d, %v; want the pipe's event", n, err)
+		}
+		unix.Read(fds[0], buf)
+	})
+	require.Zero(t, found, "allocations per park that found an event")
+	timedOut := testing.AllocsPerRun(5, func() {
+		if n, err := poll.park(events, time.Now().Add(time.Millisecond)); n != 0 || err != nil {
+			t.Fatalf("park = %d, %v; want its deadline", n, err)
+		}
+	})
+	require.Zero(t, timedOut, "allocations per park that reached its deadline")
+}

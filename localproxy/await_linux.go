@@ -71,8 +71,21 @@ type poller struct {
 	// in epoll_wait).
 	gate   *os.File
 	gateRC syscall.RawConn
-	gfd    int           // gate's descriptor, while gate is open
-	done   chan struct{} // closed when run returns
+	gfd    int // gate's descriptor, while gate is open
+	// look is park's look for events through gateRC, made once with
+	// the gate: a function made on each park escapes into RawConn.Read,
+	// and with what it writes cost three allocations per park. lookIn
+	// and lookN, lookErr are its events and its results; only the
+	// poller's goroutine parks.
+	look    func(uintptr) bool
+	lookIn  []unix.EpollEvent
+	lookN   int
+	lookErr error
+	// gateUntil is the gate's read deadline as park last set it: set
+	// again only when it changes (a quiet poller with no loop timer parks
+	// with none, again and again).
+	gateUntil time.Time
+	done      chan struct{} // closed when run returns
 
 	// fds guards the descriptors: epoll_ctl calls hold it for reading,
 	// close for writing, so that none reaches a number closed and reused.
@@ -205,6 +218,7 @@ func newPollerMode(blocking bool) (*poller, error) {
 	}
 	if blocking {
 		p.gate, p.gateRC, p.gfd, _ = newGate(epfd)
+		p.look = p.lookOnce
 		return p, nil
 	}
 	if p.f, p.rc, err = pollable(epfd, "localproxy-poller"); err != nil {
@@ -391,15 +405,19 @@ func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (i
 // without waiting, and if there are none leaves the P until the gate is
 // readable or until passes, then disarms the gate.
 func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
-	if p.gate.SetReadDeadline(until) != nil || p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
+	if !until.Equal(p.gateUntil) {
+		if p.gate.SetReadDeadline(until) != nil {
+			return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
+		}
+		p.gateUntil = until
+	}
+	if p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
 		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
 	}
-	var n int
-	var werr error
-	err := p.gateRC.Read(func(uintptr) bool {
-		n, werr = p.wait(events, 0, waitHeld)
-		return n > 0 || werr != nil
-	})
+	p.lookIn = events
+	err := p.gateRC.Read(p.look)
+	n, werr := p.lookN, p.lookErr
+	p.lookIn, p.lookN, p.lookErr = nil, 0, nil
 	// Disarmed again, whether it fired or not: the kernel disarms a
 	// one-shot entry only when it reports it, and the events it fired for
 	// were taken from epfd above, so it would stay armed and pass every
@@ -413,6 +431,13 @@ func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
 		return 0, err
 	}
 	return n, werr
+}
+
+// lookOnce is park's look (poller.look): the events there are, without
+// waiting; true if there are some, or the wait failed.
+func (p *poller) lookOnce(uintptr) bool {
+	p.lookN, p.lookErr = p.wait(p.lookIn, 0, waitHeld)
+	return p.lookN > 0 || p.lookErr != nil
 }
 
 // armGate sets the gate's events for epfd, as a raw system call, as the
