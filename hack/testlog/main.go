@@ -1,6 +1,7 @@
 // Command testlog reads `go test -json` on standard input and writes the
 // text `go test -v` would have written, as it comes (test2json keeps
-// some of it: === NAME lines are made again here; subtests' --- lines
+// some of it: === NAME lines are made again here, naming the package too
+// where the lines of packages run side by side meet; subtests' --- lines
 // come unindented, as each ends). At the end, when tests failed, it
 // names them again with their own top-level lines (what t.Log and
 // t.Error print at one indent, and a panic's or a timeout's first line;
@@ -107,7 +108,13 @@ func (c *collector) line(b []byte) string {
 		c.running = append(c.running, k)
 	case "output", "build-output":
 		text := ev.Output
-		if ev.Test != "" && k != c.last && !strings.HasPrefix(text, "=== ") && !strings.HasPrefix(strings.TrimLeft(text, " "), "--- ") {
+		switch {
+		case ev.Test != "" && c.last.Package != "" && k.Package != c.last.Package:
+			// go test -json runs packages side by side and their lines
+			// meet, which go test -v, printing a package's whole once it
+			// ends, never shows: the package is named where they do.
+			text = "=== NAME  " + ev.Test + "  (" + k.Package + ")\n" + text
+		case ev.Test != "" && k != c.last && !strings.HasPrefix(text, "=== ") && !strings.HasPrefix(strings.TrimLeft(text, " "), "--- "):
 			// go test -v names the test whose output follows another's
 			// (a parallel test, a parent after its subtest); test2json
 			// takes those lines in.

@@ -88,6 +88,18 @@ b/b_test.go:5:28: undefined: undefined
 FAIL	example.com/tl/b [build failed]
 `, nil},
 		{"not JSON", append([]byte("go: downloading example.com/x v1.0.0\n"), passed...), "", nil},
+		{"packages side by side", []byte(`{"Action":"run","Package":"a","Test":"TestA"}
+{"Action":"output","Package":"a","Test":"TestA","Output":"=== RUN   TestA\n"}
+{"Action":"output","Package":"a","Test":"TestA","Output":"    a_test.go:1: bed up\n"}
+{"Action":"run","Package":"b","Test":"TestB"}
+{"Action":"output","Package":"b","Test":"TestB","Output":"=== RUN   TestB\n"}
+{"Action":"output","Package":"a","Test":"TestA","Output":"    a_test.go:2: scenario 1\n"}
+{"Action":"output","Package":"a","Test":"TestA","Output":"--- PASS: TestA (1.00s)\n"}
+{"Action":"pass","Package":"a","Test":"TestA"}
+{"Action":"output","Package":"a","Output":"ok  \ta\t1.0s\n"}
+{"Action":"pass","Package":"a"}
+{"Action":"output","Package":"b","Test":"TestB","Output":"    b_test.go:1: waiting for the bed\n"}
+`), "", []string{"=== RUN   TestA", "    a_test.go:1: bed up", "=== NAME  TestB  (b)", "=== RUN   TestB", "=== NAME  TestA  (a)", "    a_test.go:2: scenario 1", "ok  \ta\t1.0s", "=== NAME  TestB  (b)", "    b_test.go:1: waiting for the bed"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -101,7 +113,7 @@ FAIL	example.com/tl/b [build failed]
 			if summary != tc.summary {
 				t.Errorf("summary:\n%s\nwant:\n%s", summary, tc.summary)
 			}
-			rest := out.String()
+			rest := "\n" + out.String()
 			for _, l := range tc.names {
 				i := strings.Index(rest, "\n"+l+"\n")
 				if i < 0 {
