@@ -87,6 +87,7 @@ type collector struct {
 	running []key
 	failed  []key // tests and packages that failed, in order, once each
 	last    key   // whose output came last, for === NAME lines
+	open    bool  // what was printed last did not end its line
 }
 
 func newCollector() *collector {
@@ -97,7 +98,7 @@ func newCollector() *collector {
 func (c *collector) line(b []byte) string {
 	var ev event
 	if len(b) == 0 || b[0] != '{' || json.Unmarshal(b, &ev) != nil {
-		return string(b) + "\n"
+		return c.print("", string(b)+"\n", true)
 	}
 	k := key{ev.Package, ev.Test}
 	if k.Package == "" {
@@ -107,22 +108,22 @@ func (c *collector) line(b []byte) string {
 	case "run":
 		c.running = append(c.running, k)
 	case "output", "build-output":
-		text := ev.Output
+		text, name := ev.Output, ""
 		switch {
-		case ev.Test != "" && c.last.Package != "" && k.Package != c.last.Package:
+		case c.last.Package != "" && k.Package != c.last.Package:
 			// go test -json runs packages side by side and their lines
 			// meet, which go test -v, printing a package's whole once it
 			// ends, never shows: the package is named where they do.
-			text = "=== NAME  " + ev.Test + "  (" + k.Package + ")\n" + text
+			name = "=== NAME  " + strings.TrimSpace(ev.Test+"  ("+k.Package+")") + "\n"
 		case ev.Test != "" && k != c.last && !strings.HasPrefix(text, "=== ") && !strings.HasPrefix(strings.TrimLeft(text, " "), "--- "):
 			// go test -v names the test whose output follows another's
 			// (a parallel test, a parent after its subtest); test2json
 			// takes those lines in.
-			text = "=== NAME  " + ev.Test + "\n" + text
+			name = "=== NAME  " + ev.Test + "\n"
 		}
 		c.last = k
 		c.keep(k, ev.Output)
-		return text
+		return c.print(name, text, name != "")
 	case "pass", "skip":
 		c.end(k)
 	case "fail", "build-fail":
@@ -139,6 +140,19 @@ func (c *collector) line(b []byte) string {
 		c.fail(k)
 	}
 	return ""
+}
+
+// print returns text to print, after name (an === NAME line, or
+// none), starting a line of its own if own: test2json gives a long line
+// in pieces, and another package's lines, or go's own, may come between
+// them.
+func (c *collector) print(name, text string, own bool) string {
+	if c.open && own {
+		name = "\n" + name
+	}
+	out := name + text
+	c.open = out != "" && !strings.HasSuffix(out, "\n")
+	return out
 }
 
 // keep adds out, a piece of output, to k's lines: test2json splits a long
