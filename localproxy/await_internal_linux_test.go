@@ -97,10 +97,10 @@ func TestParkedPollerWakesForItsTimerAndItsClose(t *testing.T) {
 	}
 }
 
-// The gate is armed only while the poller parks: events that come once
-// it woke are not passed on to Go's poller, whose thread they would wake
-// for nothing.
-func TestParkDisarmsTheGate(t *testing.T) {
+// gatedPoller is a blocking poller with its gate, and a pipe whose read
+// end it watches (edge triggered): a write to fds[1] is its event.
+func gatedPoller(t *testing.T) (*poller, [2]int) {
+	t.Helper()
 	poll, err := newPollerMode(true)
 	require.NoError(t, err)
 	t.Cleanup(poll.closeFDs)
@@ -110,6 +110,14 @@ func TestParkDisarmsTheGate(t *testing.T) {
 	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: 2}
 	require.NoError(t, unix.EpollCtl(poll.epfd, unix.EPOLL_CTL_ADD, fds[0], &ev))
+	return poll, fds
+}
+
+// The gate is armed only while the poller parks: events that come once
+// it woke are not passed on to Go's poller, whose thread they would wake
+// for nothing.
+func TestParkDisarmsTheGate(t *testing.T) {
+	poll, fds := gatedPoller(t)
 
 	events := make([]unix.EpollEvent, pollerBatch)
 	for _, parked := range []bool{false, true} {
@@ -136,15 +144,7 @@ func TestParkDisarmsTheGate(t *testing.T) {
 // is there when it looks or its deadline passes first (a function made
 // on each park cost three).
 func TestParkDoesNotAllocate(t *testing.T) {
-	poll, err := newPollerMode(true)
-	require.NoError(t, err)
-	t.Cleanup(poll.closeFDs)
-	require.NotNil(t, poll.gate, "no gate: the test proves nothing")
-	var fds [2]int
-	require.NoError(t, unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC))
-	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: 2}
-	require.NoError(t, unix.EpollCtl(poll.epfd, unix.EPOLL_CTL_ADD, fds[0], &ev))
+	poll, fds := gatedPoller(t)
 	events := make([]unix.EpollEvent, pollerBatch)
 	one, buf := []byte{1}, make([]byte, 1)
 

@@ -405,13 +405,7 @@ func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (i
 // without waiting, and if there are none leaves the P until the gate is
 // readable or until passes, then disarms the gate.
 func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
-	if !until.Equal(p.gateUntil) {
-		if p.gate.SetReadDeadline(until) != nil {
-			return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
-		}
-		p.gateUntil = until
-	}
-	if p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
+	if p.gateDeadline(until) != nil || p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
 		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
 	}
 	p.lookIn = events
@@ -431,6 +425,19 @@ func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
 		return 0, err
 	}
 	return n, werr
+}
+
+// gateDeadline sets the gate's read deadline to until, unless it is set
+// to that already (poller.gateUntil).
+func (p *poller) gateDeadline(until time.Time) error {
+	if until.Equal(p.gateUntil) {
+		return nil
+	}
+	if err := p.gate.SetReadDeadline(until); err != nil {
+		return err
+	}
+	p.gateUntil = until
+	return nil
 }
 
 // lookOnce is park's look (poller.look): the events there are, without
