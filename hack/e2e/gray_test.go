@@ -149,33 +149,30 @@ func (e *env) recordEvents() *eventLog {
 	return l
 }
 
-// count returns the events of kind for addr in [from, to].
-func (l *eventLog) count(kind upstream.EventKind, addr string, from, to time.Time) int {
+// matching returns the events of kind for addr in [from, to].
+func (l *eventLog) matching(kind upstream.EventKind, addr string, from, to time.Time) []timedEvent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
+	var out []timedEvent
 	for _, ev := range l.events {
 		if ev.Kind == kind && ev.Addr == addr && !ev.at.Before(from) && !ev.at.After(to) {
-			n++
+			out = append(out, ev)
 		}
 	}
-	return n
+	return out
+}
+
+// count returns the number of events of kind for addr in [from, to].
+func (l *eventLog) count(kind upstream.EventKind, addr string, from, to time.Time) int {
+	return len(l.matching(kind, addr, from, to))
 }
 
 // reasons lists, on one line, when the events of kind for addr in
 // [from, to] came (from from) and why.
 func (l *eventLog) reasons(kind upstream.EventKind, addr string, from, to time.Time) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, ev := range l.events {
-		if ev.Kind == kind && ev.Addr == addr && !ev.at.Before(from) && !ev.at.After(to) {
-			why := ev.State.String()
-			if ev.Err != nil {
-				why += " " + oneLine(ev.Err.Error(), 200)
-			}
-			out = append(out, fmt.Sprintf("%+.3fs %s", ev.at.Sub(from).Seconds(), why))
-		}
+	for _, ev := range l.matching(kind, addr, from, to) {
+		out = append(out, fmt.Sprintf("%+.3fs %s", ev.at.Sub(from).Seconds(), ev.why()))
 	}
 	return strings.Join(out, "; ")
 }
@@ -185,12 +182,18 @@ func (l *eventLog) String() string {
 	defer l.mu.Unlock()
 	s := ""
 	for _, ev := range l.events {
-		s += fmt.Sprintf("\n  %s %s %s %s", ev.at.Format("15:04:05.000"), ev.Kind, ev.Addr, ev.State)
-		if ev.Err != nil {
-			s += " " + oneLine(ev.Err.Error(), 200)
-		}
+		s += fmt.Sprintf("\n  %s %s %s %s", ev.at.Format("15:04:05.000"), ev.Kind, ev.Addr, ev.why())
 	}
 	return s
+}
+
+// why is the endpoint's state after the event, and the failure that
+// caused it, if any, on one line.
+func (ev timedEvent) why() string {
+	if ev.Err == nil {
+		return ev.State.String()
+	}
+	return ev.State.String() + " " + oneLine(ev.Err.Error(), 200)
 }
 
 // S9: the serving apiserver turns slow for new connections: 300 ms more

@@ -127,7 +127,6 @@ func (c *collector) line(b []byte) string {
 	case "pass", "skip":
 		c.end(k)
 	case "fail", "build-fail":
-		c.end(k)
 		if k.Test == "" {
 			// Its tests that never ended failed with it (a timeout, a
 			// panic, an exit): named before it.
@@ -211,9 +210,10 @@ func (c *collector) fail(k key) {
 // the log's tail; its subtest, which ended before it, says why); so is a
 // package when a test of it failed.
 func (c *collector) writeFailures(w io.Writer) {
+	parent := make([]bool, len(c.failed))
 	leaves := 0
-	for _, k := range c.failed {
-		if !c.hasFailedChild(k) {
+	for i, k := range c.failed {
+		if parent[i] = c.hasFailedChild(k); !parent[i] {
 			leaves++
 		}
 	}
@@ -221,8 +221,8 @@ func (c *collector) writeFailures(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\n==> %d failed, with their own lines again:\n", leaves)
-	for _, k := range c.failed {
-		if c.hasFailedChild(k) {
+	for i, k := range c.failed {
+		if parent[i] {
 			fmt.Fprintf(w, "--- FAIL: %s (for what failed in it, see above)\n", k)
 			continue
 		}
