@@ -116,3 +116,76 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 		})
 	}
 }
+
+// A connection's answers are late once six in a row came pollerBusy or
+// more after their requests, and after a spell of late ones, in time
+// again after six in time; bytes
+// passed back with no request awaiting them (a watch's events) time
+// nothing, and a request's time starts at its first bytes.
+func TestAnswerClock(t *testing.T) {
+	var a answerClock
+	t0 := time.Unix(1_000_000, 0)
+	exchange := func(took time.Duration) bool {
+		t.Helper()
+		late := a.wrote(toUpstream, t0)
+		a.wrote(toUpstream, t0.Add(took/2)) // the request's rest
+		a.wrote(toClient, t0.Add(took))
+		a.wrote(toClient, t0.Add(took+time.Second)) // the answer's rest
+		t0 = t0.Add(took + 2*time.Second)
+		return late
+	}
+	for i := range 6 {
+		require.False(t, exchange(pollerBusy), "late before answer %d of 6 late ones", i+1)
+	}
+	for range 100 {
+		require.True(t, exchange(10*time.Millisecond), "not late after six late answers")
+	}
+	for i := range 6 {
+		require.True(t, exchange(pollerBusy-time.Microsecond), "in time again after %d of six answers in time", i)
+	}
+	require.False(t, exchange(time.Millisecond), "still late after six answers in time")
+	for range 20 {
+		a.wrote(toClient, t0) // nothing asked
+		t0 = t0.Add(time.Minute)
+	}
+	require.False(t, a.wrote(toUpstream, t0), "bytes passed back unasked made the answers late")
+}
+
+// The loop's steps time a connection's answers (answerClock) by the
+// poller's clock, and tell the poller when a request they passed on is
+// one whose answer comes late (planWait then parks at once): a LIST-like
+// upstream, answering 10ms after each request, is late from its seventh.
+func TestLoopNotesALateAnswer(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	_, poll, c := loopConn(t, clientFD, upFD, upstream, false)
+	readable := func(fd int) {
+		t.Helper()
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		_, err := unix.Poll(fds, 5000)
+		require.NoError(t, err)
+		require.NotZero(t, fds[0].Revents, "fd %d not readable", fd)
+	}
+	buf := make([]byte, 64)
+	now := time.Now()
+	for i := range 8 {
+		_, err := client.Write([]byte("GET /api/v1/pods"))
+		require.NoError(t, err)
+		readable(clientFD)
+		poll.now, poll.seen = now, stepsSeen{}
+		c.step(toUpstream, stepReadable)
+		require.Equal(t, stepsSeen{wrote: true, slowAsk: i >= 6}, poll.seen, "request %d", i+1)
+		_, err = upstream.Read(buf)
+		require.NoError(t, err)
+
+		_, err = upstream.Write([]byte("a list"))
+		require.NoError(t, err)
+		readable(upFD)
+		poll.now, poll.seen = now.Add(10*time.Millisecond), stepsSeen{}
+		c.step(toClient, stepReadable)
+		require.Equal(t, stepsSeen{wrote: true, answer: true}, poll.seen, "answer %d", i+1)
+		_, err = client.Read(buf)
+		require.NoError(t, err)
+		now = now.Add(time.Second)
+	}
+}

@@ -44,6 +44,58 @@ type evConn struct {
 	// dialed on the loop: c.id, or a later attempt's own; 0 for one
 	// handed to the loop (toLoop), whose key is c.id's.
 	upID uint64
+	// answers times the upstream's answers to the client's requests.
+	answers answerClock
+}
+
+// answerClock times a loop connection's answers: from a request's first
+// bytes passed upstream, while no answer is awaited, to the first bytes
+// passed back; and keeps how often they came pollerBusy or more later.
+// That tells the poller, once a request is passed on, whether to hold
+// its P for the answer or park at once (planWait): a LIST the apiserver
+// takes 10ms to answer outlasts the hold, and holding for it cost a
+// wakeup and a wait more than parking at once; a GET's answer, in a
+// millisecond, costs more parked than held. It is a guess: a request on
+// an HTTP/2 connection may be a flow-control update that no answer
+// follows until a watch's next event, and a wrong guess costs CPU,
+// nothing else.
+type answerClock struct {
+	asked time.Time // zero: no answer awaited
+	// late is how often answers came late: an average of 0 (in time)
+	// and answerLate (late), each answer counting 1/answerWeight.
+	late int32
+}
+
+const (
+	// answerLate is answerClock.late's scale: a connection's answers
+	// are late when it is above half of it.
+	answerLate = 1 << 10
+	// answerWeight: each answer counts for 1/answerWeight of the
+	// average: after a spell of answers in time, it takes six late ones
+	// in a row to make a connection's answers late, and after a spell of
+	// late ones, six in time to make them in time again.
+	answerWeight = 8
+)
+
+// wrote notes that direction side wrote at now. For a request passed
+// upstream it reports whether its answer, going by the connection's
+// earlier ones, comes pollerBusy or more later.
+func (a *answerClock) wrote(side int, now time.Time) (late bool) {
+	if side == toUpstream {
+		if a.asked.IsZero() {
+			a.asked = now
+		}
+		return a.late > answerLate/2
+	}
+	if !a.asked.IsZero() {
+		var x int32
+		if now.Sub(a.asked) >= pollerBusy {
+			x = answerLate
+		}
+		a.late += (x - a.late) / answerWeight
+		a.asked = time.Time{}
+	}
+	return false
 }
 
 // evDir is one direction on the loop.
@@ -257,6 +309,9 @@ func (c *conn) step(side int, why stepWhy) {
 		// Once on the list: an edge may step it meanwhile.
 		s.again = !e.queued
 		e.queued = true
+	}
+	if s.wrote > 0 {
+		c.p.poll.noteWrite(side, ev.answers.wrote(side, c.p.poll.now))
 	}
 	c.mu.Unlock()
 	c.dirs[side].wrote(s.wrote)
