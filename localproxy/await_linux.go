@@ -121,6 +121,11 @@ type poller struct {
 	now        time.Time
 	seen       stepsSeen
 	slowAnswer bool
+	// tally is what the steps wrote since it was last counted, count
+	// what counts it (Proxy.count; nil: nothing does): after each round
+	// of events, and before a step closes its connection (countTally).
+	tally loopTally
+	count func(*loopTally)
 }
 
 // stepsSeen is what the loop's steps wrote since the poller last planned
@@ -339,12 +344,16 @@ func (p *poller) run() {
 	}
 	var lastEvent time.Time
 	for {
+		now := time.Now()
+		if now.Sub(yielded) >= pollerYield {
+			yield(now)
+			now = time.Now()
+		}
 		switch {
 		case len(p.again) > 0:
 			// More to copy: look for events without waiting.
 			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
-			now := time.Now()
 			if p.seen.wrote {
 				p.slowAnswer = p.seen.slowAsk && !p.seen.answer
 			}
@@ -369,7 +378,7 @@ func (p *poller) run() {
 		if werr != nil {
 			return // epoll_wait fails only on a bad descriptor
 		}
-		now := time.Now()
+		now = time.Now()
 		p.now = now
 		for _, ev := range events[:n] {
 			key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
@@ -398,9 +407,14 @@ func (p *poller) run() {
 		}
 		p.timers.run(now)
 		p.runAgain()
-		if now := time.Now(); now.Sub(yielded) >= pollerYield {
-			yield(now)
-		}
+		p.countTally()
+	}
+}
+
+// countTally has the steps' tally counted (poller.count).
+func (p *poller) countTally() {
+	if p.count != nil {
+		p.count(&p.tally)
 	}
 }
 

@@ -10,7 +10,10 @@ import (
 
 // poller: elsewhere than on Linux there is none, and directions wait for
 // data on their own goroutines.
-type poller struct{ splicing *atomic.Int32 }
+type poller struct {
+	splicing *atomic.Int32
+	count    func(*loopTally)
+}
 
 // newPoller returns no poller.
 func newPoller() (*poller, error) { return nil, nil }

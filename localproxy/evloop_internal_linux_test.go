@@ -189,3 +189,56 @@ func TestLoopNotesALateAnswer(t *testing.T) {
 		now = now.Add(time.Second)
 	}
 }
+
+// The loop's steps tally what they write, and the poller has it counted
+// once per round of events; a step that ends its connection has it
+// counted first, so that a connection gone from the proxy has its bytes
+// in the metrics (as TestForwardsAndCounts reads them). Here no poller
+// runs: only the steps count.
+func TestLoopCountsBeforeTheConnectionEnds(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	p, poll, c := loopConn(t, clientFD, upFD, upstream, false)
+	poll.count = p.count
+	p.pipes.Add(1) // as serve does; finish ends it
+	counted := func(ctr prometheus.Counter) float64 {
+		var m dto.Metric
+		require.NoError(t, ctr.Write(&m))
+		return m.GetCounter().GetValue()
+	}
+	readable := func(fd int) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		_, err := unix.Poll(fds, 5000)
+		require.NoError(t, err)
+	}
+
+	_, err := client.Write([]byte("hello"))
+	require.NoError(t, err)
+	require.NoError(t, client.CloseWrite())
+	readable(clientFD)
+	time.Sleep(10 * time.Millisecond) // the FIN behind the bytes
+	c.step(toUpstream, stepEnded)
+	_, err = upstream.Write([]byte("world!"))
+	require.NoError(t, err)
+	require.NoError(t, upstream.CloseWrite())
+	readable(upFD)
+	time.Sleep(10 * time.Millisecond)
+	c.step(toClient, stepEnded)
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	require.True(t, closed, "both ends passed on, and the connection is not closed: the test proves nothing")
+	require.Equal(t, 5.0, counted(p.bytesIn), "bytes in")
+	require.Equal(t, 6.0, counted(p.bytesOut), "bytes out")
+	require.Empty(t, poll.tally.up, "the tally was not emptied")
+}
+
+func TestLoopTally(t *testing.T) {
+	var tl loopTally
+	tl.add(toUpstream, 3, "10.0.0.1:6443")
+	tl.add(toClient, 40, "10.0.0.1:6443")
+	tl.add(toUpstream, 2, "10.0.0.2:6443")
+	tl.add(toUpstream, 1, "10.0.0.1:6443")
+	require.Equal(t, [2]int{6, 40}, tl.bytes)
+	require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, tl.up, "each upstream written to, once")
+}

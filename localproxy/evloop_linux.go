@@ -310,11 +310,19 @@ func (c *conn) step(side int, why stepWhy) {
 		s.again = !e.queued
 		e.queued = true
 	}
+	poll := c.p.poll
 	if s.wrote > 0 {
-		c.p.poll.noteWrite(side, ev.answers.wrote(side, c.p.poll.now))
+		poll.noteWrite(side, ev.answers.wrote(side, poll.now))
 	}
 	c.mu.Unlock()
-	c.dirs[side].wrote(s.wrote)
+	if s.wrote > 0 {
+		poll.tally.add(side, s.wrote, c.addr)
+	}
+	if s.err != nil || s.last {
+		// Counted before c is: its bytes are in the metrics once it
+		// is gone from the proxy's.
+		poll.countTally()
+	}
 	if s.first {
 		c.first(side, s.n, s.fl, s.ferr)
 	}
@@ -330,7 +338,7 @@ func (c *conn) step(side int, why stepWhy) {
 			c.closeBy(time.Now().Add(c.p.cfg.HalfOpenTimeout))
 		}
 	case s.again:
-		c.p.poll.again = append(c.p.poll.again, loopWork{c, side})
+		poll.again = append(poll.again, loopWork{c, side})
 	}
 }
 

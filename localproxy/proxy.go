@@ -370,6 +370,7 @@ func (p *Proxy) parker() *poller {
 		}
 		if poll != nil {
 			poll.splicing = &p.splicing
+			poll.count = p.count
 			p.poll = poll
 			go poll.run()
 		}
