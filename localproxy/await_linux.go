@@ -101,10 +101,12 @@ type poller struct {
 
 	// again holds loop connections with more to copy than one event's
 	// share (loopShare): the poller goes on with them after the others,
-	// without waiting. pipes are empty pipes kept for the loop's splices.
-	// Only run uses them.
+	// without waiting. pipes are empty pipes kept for the loop's
+	// splices, bufs empty copy buffers for its reads (getBuf). Only run
+	// and what it calls use them.
 	again []loopWork
 	pipes [][2]int
+	bufs  []*[]byte
 	// timers are the loop's deadlines (dials, accept backoff), soonest
 	// first; they bound its wait. Only run and what it calls use them.
 	timers loopTimers

@@ -242,3 +242,18 @@ func TestLoopTally(t *testing.T) {
 	require.Equal(t, [2]int{6, 40}, tl.bytes)
 	require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, tl.up, "each upstream written to, once")
 }
+
+// The poller keeps loopBufs empty copy buffers for its reads, the last
+// given back first, and takes the pool's when it has none.
+func TestPollerKeepsCopyBuffers(t *testing.T) {
+	var p poller
+	a, b, c := p.getBuf(), p.getBuf(), p.getBuf()
+	require.Len(t, *a, copyBufSize)
+	p.putBuf(a)
+	p.putBuf(b)
+	p.putBuf(c) // one more than it keeps: to the pool
+	require.Len(t, p.bufs, loopBufs)
+	require.Same(t, b, p.getBuf())
+	require.Same(t, a, p.getBuf())
+	require.Empty(t, p.bufs)
+}
