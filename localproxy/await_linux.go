@@ -115,11 +115,10 @@ type poller struct {
 	// now is when the poller's last wait returned: the time the steps of
 	// its events go by (answerClock). seen is what those steps, and the
 	// ones after them, wrote (noteWrite), until the poller plans its
-	// next wait; slowAnswer what the last of them that wrote came to:
-	// they passed a request upstream on a connection whose answers come
-	// pollerBusy or more after its requests, and passed nothing back, so
-	// the poller parks at once (planWait). Only run and what it calls
-	// use them.
+	// next wait; slowAnswer what the last of them that wrote came to
+	// (stepsSeen.slowAnswer), kept until steps write again: the poller
+	// then parks at once (planWait). Only run and what it calls use
+	// them.
 	now        time.Time
 	seen       stepsSeen
 	slowAnswer bool
@@ -134,10 +133,16 @@ type poller struct {
 // a wait (poller.noteWrite).
 type stepsSeen struct {
 	// wrote: some step wrote; slowAsk: some passed a request upstream
-	// whose answer comes pollerBusy or more later (answerClock.wrote);
-	// answer: some passed bytes back to a client.
-	wrote, slowAsk, answer bool
+	// whose answer comes pollerBusy or more later (answerClock.wrote),
+	// fastAsk: one whose answer comes sooner; answer: some passed bytes
+	// back to a client.
+	wrote, slowAsk, fastAsk, answer bool
 }
+
+// slowAnswer: the steps passed requests upstream whose answers all come
+// pollerBusy or more later, and nothing back; then the poller parks at
+// once (planWait).
+func (s stepsSeen) slowAnswer() bool { return s.slowAsk && !s.fastAsk && !s.answer }
 
 // pollerBatch is how many events one wakeup of the poller takes at most.
 const pollerBatch = 128
@@ -322,6 +327,7 @@ var sigurg = uint64(1) << (unix.SIGURG - 1)
 // their sockets become ready, until close.
 func (p *poller) run() {
 	defer close(p.done)
+	defer p.countTally()
 	events := make([]unix.EpollEvent, pollerBatch)
 	var n int
 	var werr error
@@ -357,7 +363,7 @@ func (p *poller) run() {
 			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
 			if p.seen.wrote {
-				p.slowAnswer = p.seen.slowAsk && !p.seen.answer
+				p.slowAnswer = p.seen.slowAnswer()
 			}
 			p.seen = stepsSeen{}
 			how, timeout, yieldFirst := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil, p.slowAnswer)
@@ -425,10 +431,13 @@ func (p *poller) countTally() {
 // come pollerBusy or more after its requests (answerClock.wrote).
 func (p *poller) noteWrite(side int, slow bool) {
 	p.seen.wrote = true
-	if side == toUpstream {
-		p.seen.slowAsk = p.seen.slowAsk || slow
-	} else {
+	switch {
+	case side != toUpstream:
 		p.seen.answer = true
+	case slow:
+		p.seen.slowAsk = true
+	default:
+		p.seen.fastAsk = true
 	}
 }
 

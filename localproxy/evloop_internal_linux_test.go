@@ -29,6 +29,26 @@ func connectedFD(t *testing.T) (int, *net.TCPConn) {
 	return fd, peer
 }
 
+// awaitFD waits until fd reports one of events, or hangs up or fails,
+// for at most 5s.
+func awaitFD(t *testing.T, fd int, events int16) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		_, err := unix.Poll(fds, 100)
+		if err != nil && err != unix.EINTR {
+			t.Fatalf("poll fd %d: %v", fd, err)
+		}
+		if fds[0].Revents&(events|unix.POLLHUP|unix.POLLERR) != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fd %d: none of events %#x within 5s", fd, events)
+		}
+	}
+}
+
 // loopConn is a connection on a loop of its own between clientFD and
 // upFD (upstream's far side), with the first-byte watch armed for the
 // client's TLS hello sent upstream; its proxy counts the endpoint's
@@ -71,10 +91,7 @@ func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
 	client.Close() // a reset
 	upstream.Close()
 	for _, fd := range []int{clientFD, upFD} { // both arrived
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		_, err := unix.Poll(fds, 5000)
-		require.NoError(t, err)
-		require.NotZero(t, fds[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR), "fd %d not ready", fd)
+		awaitFD(t, fd, unix.POLLIN)
 	}
 
 	c.step(toClient, stepReadable)
@@ -106,10 +123,7 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 			require.Len(t, poll.timers, 1, "sent armed no deadline on the loop: the test proves nothing")
 
 			tc.answer(upstream)
-			fds := []unix.PollFd{{Fd: int32(upFD), Events: unix.POLLIN}}
-			_, err := unix.Poll(fds, 5000)
-			require.NoError(t, err)
-			require.NotZero(t, fds[0].Revents, "the answer did not arrive")
+			awaitFD(t, upFD, unix.POLLIN)
 			c.step(toClient, stepReadable)
 			require.Nil(t, c.fb, "the watch was not settled")
 			require.Empty(t, poll.timers, "the first-byte deadline stayed armed on the loop after the answer")
@@ -119,16 +133,19 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 
 // A connection's answers are late once six in a row came pollerBusy or
 // more after their requests, and after a spell of late ones, in time
-// again after six in time; bytes
-// passed back with no request awaiting them (a watch's events) time
-// nothing, and a request's time starts at its first bytes.
+// again after six in time; bytes passed back with no request awaiting
+// them (a watch's events) time nothing, and an answer is timed from the
+// request's last bytes: an HTTP/2 client's flow-control update, sent
+// after it read an answer, and its next request long after, make no
+// late answer of the next one.
 func TestAnswerClock(t *testing.T) {
 	var a answerClock
 	t0 := time.Unix(1_000_000, 0)
 	exchange := func(took time.Duration) bool {
 		t.Helper()
-		late := a.wrote(toUpstream, t0)
-		a.wrote(toUpstream, t0.Add(took/2)) // the request's rest
+		a.wrote(toUpstream, t0)
+		t0 = t0.Add(time.Second)
+		late := a.wrote(toUpstream, t0) // the request's rest
 		a.wrote(toClient, t0.Add(took))
 		a.wrote(toClient, t0.Add(took+time.Second)) // the answer's rest
 		t0 = t0.Add(took + 2*time.Second)
@@ -149,6 +166,40 @@ func TestAnswerClock(t *testing.T) {
 		t0 = t0.Add(time.Minute)
 	}
 	require.False(t, a.wrote(toUpstream, t0), "bytes passed back unasked made the answers late")
+
+	// GETs 50ms apart, answered in 700µs, each answer followed by a
+	// window update.
+	for range 20 {
+		t0 = t0.Add(50 * time.Millisecond)
+		require.False(t, a.wrote(toUpstream, t0), "a GET answered in 700µs, after a window update 50ms before it, judged late")
+		t0 = t0.Add(700 * time.Microsecond)
+		a.wrote(toClient, t0)
+		a.wrote(toUpstream, t0.Add(50*time.Microsecond)) // the update
+	}
+}
+
+// Requests whose answers all come late, and nothing passed back: only
+// then does the poller park at once.
+func TestStepsSeenSlowAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		seen stepsSeen
+		want bool
+	}{
+		{stepsSeen{wrote: true, slowAsk: true}, true},
+		{stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, false},
+		{stepsSeen{wrote: true, slowAsk: true, answer: true}, false},
+		{stepsSeen{wrote: true, fastAsk: true}, false},
+		{stepsSeen{wrote: true, answer: true}, false},
+		{stepsSeen{}, false},
+	} {
+		require.Equal(t, tc.want, tc.seen.slowAnswer(), "%+v", tc.seen)
+	}
+	var p poller
+	p.noteWrite(toUpstream, true)
+	p.noteWrite(toUpstream, false)
+	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, p.seen)
+	p.noteWrite(toClient, false)
+	require.True(t, p.seen.answer)
 }
 
 // The loop's steps time a connection's answers (answerClock) by the
@@ -159,28 +210,21 @@ func TestLoopNotesALateAnswer(t *testing.T) {
 	clientFD, client := connectedFD(t)
 	upFD, upstream := connectedFD(t)
 	_, poll, c := loopConn(t, clientFD, upFD, upstream, false)
-	readable := func(fd int) {
-		t.Helper()
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		_, err := unix.Poll(fds, 5000)
-		require.NoError(t, err)
-		require.NotZero(t, fds[0].Revents, "fd %d not readable", fd)
-	}
 	buf := make([]byte, 64)
 	now := time.Now()
 	for i := range 8 {
 		_, err := client.Write([]byte("GET /api/v1/pods"))
 		require.NoError(t, err)
-		readable(clientFD)
+		awaitFD(t, clientFD, unix.POLLIN)
 		poll.now, poll.seen = now, stepsSeen{}
 		c.step(toUpstream, stepReadable)
-		require.Equal(t, stepsSeen{wrote: true, slowAsk: i >= 6}, poll.seen, "request %d", i+1)
+		require.Equal(t, stepsSeen{wrote: true, slowAsk: i >= 6, fastAsk: i < 6}, poll.seen, "request %d", i+1)
 		_, err = upstream.Read(buf)
 		require.NoError(t, err)
 
 		_, err = upstream.Write([]byte("a list"))
 		require.NoError(t, err)
-		readable(upFD)
+		awaitFD(t, upFD, unix.POLLIN)
 		poll.now, poll.seen = now.Add(10*time.Millisecond), stepsSeen{}
 		c.step(toClient, stepReadable)
 		require.Equal(t, stepsSeen{wrote: true, answer: true}, poll.seen, "answer %d", i+1)
@@ -206,23 +250,15 @@ func TestLoopCountsBeforeTheConnectionEnds(t *testing.T) {
 		require.NoError(t, ctr.Write(&m))
 		return m.GetCounter().GetValue()
 	}
-	readable := func(fd int) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
-		_, err := unix.Poll(fds, 5000)
-		require.NoError(t, err)
-	}
-
 	_, err := client.Write([]byte("hello"))
 	require.NoError(t, err)
 	require.NoError(t, client.CloseWrite())
-	readable(clientFD)
-	time.Sleep(10 * time.Millisecond) // the FIN behind the bytes
+	awaitFD(t, clientFD, unix.POLLRDHUP) // the FIN, behind the bytes
 	c.step(toUpstream, stepEnded)
 	_, err = upstream.Write([]byte("world!"))
 	require.NoError(t, err)
 	require.NoError(t, upstream.CloseWrite())
-	readable(upFD)
-	time.Sleep(10 * time.Millisecond)
+	awaitFD(t, upFD, unix.POLLRDHUP)
 	c.step(toClient, stepEnded)
 	c.mu.Lock()
 	closed := c.closed

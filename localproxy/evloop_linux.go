@@ -48,17 +48,20 @@ type evConn struct {
 	answers answerClock
 }
 
-// answerClock times a loop connection's answers: from a request's first
-// bytes passed upstream, while no answer is awaited, to the first bytes
-// passed back; and keeps how often they came pollerBusy or more later.
-// That tells the poller, once a request is passed on, whether to hold
-// its P for the answer or park at once (planWait): a LIST the apiserver
-// takes 10ms to answer outlasts the hold, and holding for it cost a
-// wakeup and a wait more than parking at once; a GET's answer, in a
-// millisecond, costs more parked than held. It is a guess: a request on
-// an HTTP/2 connection may be a flow-control update that no answer
-// follows until a watch's next event, and a wrong guess costs CPU,
-// nothing else.
+// answerClock times a loop connection's answers: from the last bytes
+// passed upstream to the first bytes passed back; and keeps how often
+// they came pollerBusy or more later. That tells the poller, once a
+// request is passed on, whether to hold its P for the answer or park at
+// once (planWait): a LIST the apiserver takes 10ms to answer outlasts the
+// hold, and holding for it cost a wakeup and a wait more than parking at
+// once; a GET's answer, in a millisecond, costs more parked than held.
+// From the last bytes, not the first: an HTTP/2 client sends a
+// flow-control update after it read 4 KiB of an answer, and its next
+// request may come much later; timed from the update, its answer would
+// count as late. It is a guess: the updates an HTTP/2 client sends while
+// a LIST's answer streams in are answered by its next bytes at once, and
+// outnumber the LIST's late one; and a wrong guess costs CPU, nothing
+// else.
 type answerClock struct {
 	asked time.Time // zero: no answer awaited
 	// late is how often answers came late: an average of 0 (in time)
@@ -82,9 +85,7 @@ const (
 // earlier ones, comes pollerBusy or more later.
 func (a *answerClock) wrote(side int, now time.Time) (late bool) {
 	if side == toUpstream {
-		if a.asked.IsZero() {
-			a.asked = now
-		}
+		a.asked = now
 		return a.late > answerLate/2
 	}
 	if !a.asked.IsZero() {

@@ -581,3 +581,18 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		})
 	}
 }
+
+// The bytes of a connection still open are counted too, not only once it
+// ends (the event loop tallies its writes and counts them per round).
+func TestCountsWhileConnected(t *testing.T) {
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}})
+	c := dial(t, r.addr())
+	defer c.Close()
+	require.NoError(t, roundTrip(c, "hello"))
+	require.NoError(t, roundTrip(c, "again"))
+	require.Eventually(t, func() bool {
+		return metric(t, r.reg, "apifailover_localproxy_bytes_total", "direction", "in") == 10 &&
+			metric(t, r.reg, "apifailover_localproxy_bytes_total", "direction", "out") == 10
+	}, 10*time.Second, 5*time.Millisecond, "bytes of an open connection not counted")
+}
