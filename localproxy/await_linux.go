@@ -426,17 +426,15 @@ func (p *poller) countTally() {
 	}
 }
 
-// noteWrite is told by a step of a loop connection that direction side
-// wrote; slow: a request passed upstream, and the connection's answers
-// come pollerBusy or more after its requests (answerClock.wrote).
-func (p *poller) noteWrite(side int, slow bool) {
+// noteWrite is told by a step of a loop connection what it wrote.
+func (p *poller) noteWrite(what wroteWhat) {
 	p.seen.wrote = true
-	switch {
-	case side != toUpstream:
+	switch what {
+	case wroteAnswer:
 		p.seen.answer = true
-	case slow:
+	case wroteSlowAsk:
 		p.seen.slowAsk = true
-	default:
+	case wroteFastAsk:
 		p.seen.fastAsk = true
 	}
 }

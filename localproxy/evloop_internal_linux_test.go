@@ -134,20 +134,32 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 // A connection's answers are late once six in a row came pollerBusy or
 // more after their requests, and after a spell of late ones, in time
 // again after six in time; bytes passed back with no request awaiting
-// them (a watch's events) time nothing, and an answer is timed from the
-// request's last bytes: an HTTP/2 client's flow-control update, sent
-// after it read an answer, and its next request long after, make no
-// late answer of the next one.
+// them (a watch's events) time nothing; an answer is timed from the
+// request's last bytes; and writes upstream of fewer than controlWrite
+// bytes (HTTP/2 window updates) are no requests: neither those a client
+// sends while a LIST's answer streams in, nor the one after an answer,
+// long before the next request, make answers in time or late.
 func TestAnswerClock(t *testing.T) {
 	var a answerClock
 	t0 := time.Unix(1_000_000, 0)
+	ask := func(at time.Time) bool {
+		t.Helper()
+		what := a.wrote(toUpstream, 200, at)
+		require.Contains(t, []wroteWhat{wroteFastAsk, wroteSlowAsk}, what, "a request of 200 bytes")
+		return what == wroteSlowAsk
+	}
+	back := func(at time.Time) { a.wrote(toClient, 4096, at) }
+	update := func(at time.Time) {
+		t.Helper()
+		require.Equal(t, wroteControl, a.wrote(toUpstream, 48, at), "a pair of window updates")
+	}
 	exchange := func(took time.Duration) bool {
 		t.Helper()
-		a.wrote(toUpstream, t0)
+		ask(t0)
 		t0 = t0.Add(time.Second)
-		late := a.wrote(toUpstream, t0) // the request's rest
-		a.wrote(toClient, t0.Add(took))
-		a.wrote(toClient, t0.Add(took+time.Second)) // the answer's rest
+		late := ask(t0) // the request's rest
+		back(t0.Add(took))
+		back(t0.Add(took + time.Second)) // the answer's rest
 		t0 = t0.Add(took + 2*time.Second)
 		return late
 	}
@@ -162,20 +174,41 @@ func TestAnswerClock(t *testing.T) {
 	}
 	require.False(t, exchange(time.Millisecond), "still late after six answers in time")
 	for range 20 {
-		a.wrote(toClient, t0) // nothing asked
+		back(t0) // nothing asked
 		t0 = t0.Add(time.Minute)
 	}
-	require.False(t, a.wrote(toUpstream, t0), "bytes passed back unasked made the answers late")
+	require.False(t, ask(t0), "bytes passed back unasked made the answers late")
+	back(t0.Add(time.Millisecond))
 
 	// GETs 50ms apart, answered in 700µs, each answer followed by a
 	// window update.
 	for range 20 {
 		t0 = t0.Add(50 * time.Millisecond)
-		require.False(t, a.wrote(toUpstream, t0), "a GET answered in 700µs, after a window update 50ms before it, judged late")
+		require.False(t, ask(t0), "a GET answered in 700µs, after a window update 50ms before it, judged late")
 		t0 = t0.Add(700 * time.Microsecond)
-		a.wrote(toClient, t0)
-		a.wrote(toUpstream, t0.Add(50*time.Microsecond)) // the update
+		back(t0)
+		update(t0.Add(50 * time.Microsecond))
 	}
+
+	// LISTs answered 10ms after each request, in ten pieces, each but
+	// the first after the client's window updates.
+	list := func() bool {
+		t.Helper()
+		late := ask(t0)
+		t0 = t0.Add(10 * time.Millisecond)
+		back(t0)
+		for range 9 {
+			update(t0.Add(20 * time.Microsecond))
+			t0 = t0.Add(50 * time.Microsecond)
+			back(t0)
+		}
+		t0 = t0.Add(time.Millisecond)
+		return late
+	}
+	for i := range 6 {
+		require.False(t, list(), "LIST %d of 6 late ones judged late", i+1)
+	}
+	require.True(t, list(), "not late after six LISTs answered 10ms later: the window updates counted as requests")
 }
 
 // Requests whose answers all come late, and nothing passed back: only
@@ -195,10 +228,12 @@ func TestStepsSeenSlowAnswer(t *testing.T) {
 		require.Equal(t, tc.want, tc.seen.slowAnswer(), "%+v", tc.seen)
 	}
 	var p poller
-	p.noteWrite(toUpstream, true)
-	p.noteWrite(toUpstream, false)
+	p.noteWrite(wroteControl)
+	require.Equal(t, stepsSeen{wrote: true}, p.seen, "a control frame is no request")
+	p.noteWrite(wroteSlowAsk)
+	p.noteWrite(wroteFastAsk)
 	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, p.seen)
-	p.noteWrite(toClient, false)
+	p.noteWrite(wroteAnswer)
 	require.True(t, p.seen.answer)
 }
 
@@ -213,7 +248,7 @@ func TestLoopNotesALateAnswer(t *testing.T) {
 	buf := make([]byte, 64)
 	now := time.Now()
 	for i := range 8 {
-		_, err := client.Write([]byte("GET /api/v1/pods"))
+		_, err := client.Write([]byte("GET /api/v1/pods HTTP/1.1\r\nHost: 10.0.0.1:6443\r\nUser-Agent: kubelet\r\n\r\n"))
 		require.NoError(t, err)
 		awaitFD(t, clientFD, unix.POLLIN)
 		poll.now, poll.seen = now, stepsSeen{}

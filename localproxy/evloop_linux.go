@@ -58,10 +58,9 @@ type evConn struct {
 // From the last bytes, not the first: an HTTP/2 client sends a
 // flow-control update after it read 4 KiB of an answer, and its next
 // request may come much later; timed from the update, its answer would
-// count as late. It is a guess: the updates an HTTP/2 client sends while
-// a LIST's answer streams in are answered by its next bytes at once, and
-// outnumber the LIST's late one; and a wrong guess costs CPU, nothing
-// else.
+// count as late. Writes of fewer than controlWrite bytes are not taken
+// for requests (HTTP/2 control frames). It is a guess, and a wrong guess
+// costs CPU, nothing else.
 type answerClock struct {
 	asked time.Time // zero: no answer awaited
 	// late is how often answers came late: an average of 0 (in time)
@@ -80,13 +79,47 @@ const (
 	answerWeight = 8
 )
 
-// wrote notes that direction side wrote at now. For a request passed
-// upstream it reports whether its answer, going by the connection's
-// earlier ones, comes pollerBusy or more later.
-func (a *answerClock) wrote(side int, now time.Time) (late bool) {
+// controlWrite: a write upstream of fewer bytes is not taken for a
+// request (answerClock.wrote). In TLS 1.2 or 1.3, an HTTP/2 client's
+// control frames come in records of 31-55 bytes: window updates (a pair
+// of them: 48 bytes in TLS 1.3), a PING, a SETTINGS acknowledgement; a
+// request's headers, with its path, in more. Taken for requests, the
+// window updates client-go sends for every 4 KiB it reads of a LIST's
+// answer, each answered by the answer's next bytes at once, outnumbered
+// the LIST's late answer, and its connection's answers counted as in
+// time.
+const controlWrite = 64
+
+// wroteWhat is what a step's write was, for the poller's wait
+// (answerClock.wrote, poller.noteWrite).
+type wroteWhat uint8
+
+const (
+	// wroteAnswer: bytes passed back to the client.
+	wroteAnswer wroteWhat = iota
+	// wroteControl: fewer than controlWrite bytes passed upstream.
+	wroteControl
+	// wroteFastAsk: a request passed upstream, whose answer comes, going
+	// by the connection's earlier ones, within pollerBusy;
+	// wroteSlowAsk: one whose answer comes later.
+	wroteFastAsk
+	wroteSlowAsk
+)
+
+// wrote notes that direction side wrote n bytes at now, and says what
+// they were.
+func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	if side == toUpstream {
-		a.asked = now
-		return a.late > answerLate/2
+		switch {
+		case n < controlWrite:
+			return wroteControl
+		case a.late > answerLate/2:
+			a.asked = now
+			return wroteSlowAsk
+		default:
+			a.asked = now
+			return wroteFastAsk
+		}
 	}
 	if !a.asked.IsZero() {
 		var x int32
@@ -96,7 +129,7 @@ func (a *answerClock) wrote(side int, now time.Time) (late bool) {
 		a.late += (x - a.late) / answerWeight
 		a.asked = time.Time{}
 	}
-	return false
+	return wroteAnswer
 }
 
 // evDir is one direction on the loop.
@@ -313,7 +346,7 @@ func (c *conn) step(side int, why stepWhy) {
 	}
 	poll := c.p.poll
 	if s.wrote > 0 {
-		poll.noteWrite(side, ev.answers.wrote(side, poll.now))
+		poll.noteWrite(ev.answers.wrote(side, s.wrote, poll.now))
 	}
 	c.mu.Unlock()
 	if s.wrote > 0 {
