@@ -124,7 +124,8 @@ type poller struct {
 	slowAnswer bool
 	// tally is what the steps wrote since it was last counted, count
 	// what counts it (Proxy.count; nil: nothing does): after each round
-	// of events, and before a step closes its connection (countTally).
+	// of events, before a step closes its connection, and when run
+	// returns (countTally).
 	tally loopTally
 	count func(*loopTally)
 }

@@ -206,7 +206,7 @@ func (cp *copier) copy() {
 }
 
 // loopTally is what the loop's steps wrote since the poller last had it
-// counted (Proxy.count), once per wakeup: each write's count and wake
+// counted (Proxy.count), once per round of events: each write's count and wake
 // cost a map lookup under a lock, a hash of the address and an atomic
 // add, a tenth of the loop's own CPU in make bench's LISTs.
 type loopTally struct {

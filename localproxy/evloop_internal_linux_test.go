@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -95,13 +94,8 @@ func TestLoopTellsTheWatchTheReadNotTheShutdown(t *testing.T) {
 	}
 
 	c.step(toClient, stepReadable)
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	require.True(t, closed, "the failed shutdown did not close the connection: the test proves nothing")
-	var m dto.Metric
-	require.NoError(t, p.m.silent.Write(&m))
-	require.Zero(t, m.GetCounter().GetValue(), "the client's reset counted the endpoint silent")
+	require.True(t, c.isClosed(), "the failed shutdown did not close the connection: the test proves nothing")
+	require.Zero(t, counterValue(p.m.silent), "the client's reset counted the endpoint silent")
 }
 
 // A loop connection's first-byte deadline is the poller's timer; the
@@ -280,11 +274,6 @@ func TestLoopCountsBeforeTheConnectionEnds(t *testing.T) {
 	p, poll, c := loopConn(t, clientFD, upFD, upstream, false)
 	poll.count = p.count
 	p.pipes.Add(1) // as serve does; finish ends it
-	counted := func(ctr prometheus.Counter) float64 {
-		var m dto.Metric
-		require.NoError(t, ctr.Write(&m))
-		return m.GetCounter().GetValue()
-	}
 	_, err := client.Write([]byte("hello"))
 	require.NoError(t, err)
 	require.NoError(t, client.CloseWrite())
@@ -295,12 +284,9 @@ func TestLoopCountsBeforeTheConnectionEnds(t *testing.T) {
 	require.NoError(t, upstream.CloseWrite())
 	awaitFD(t, upFD, unix.POLLRDHUP)
 	c.step(toClient, stepEnded)
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	require.True(t, closed, "both ends passed on, and the connection is not closed: the test proves nothing")
-	require.Equal(t, 5.0, counted(p.bytesIn), "bytes in")
-	require.Equal(t, 6.0, counted(p.bytesOut), "bytes out")
+	require.True(t, c.isClosed(), "both ends passed on, and the connection is not closed: the test proves nothing")
+	require.Equal(t, 5.0, counterValue(p.bytesIn), "bytes in")
+	require.Equal(t, 6.0, counterValue(p.bytesOut), "bytes out")
 	require.Empty(t, poll.tally.up, "the tally was not emptied")
 }
 

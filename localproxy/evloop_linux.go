@@ -110,16 +110,14 @@ const (
 // they were.
 func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	if side == toUpstream {
-		switch {
-		case n < controlWrite:
+		if n < controlWrite {
 			return wroteControl
-		case a.late > answerLate/2:
-			a.asked = now
-			return wroteSlowAsk
-		default:
-			a.asked = now
-			return wroteFastAsk
 		}
+		a.asked = now
+		if a.late > answerLate/2 {
+			return wroteSlowAsk
+		}
+		return wroteFastAsk
 	}
 	if !a.asked.IsZero() {
 		var x int32
