@@ -19,55 +19,62 @@ func TestPlanWait(t *testing.T) {
 		name             string
 		timeout          int
 		lastEvent, yield time.Duration // ago; lastEvent < 0: none yet
-		gate, late       bool
+		gate             bool
+		await            awaited
 		how              waitHow
 		want             int
 		wantYield        bool
 	}{
-		{"no events yet: parked", -1, -1, 0, true, false, waitPark, -1, false},
-		{"quiet since pollerBusy: parked", -1, pollerBusy, 50 * time.Millisecond, true, false, waitPark, -1, false},
-		{"quiet, no gate: a system call", -1, time.Second, time.Second, false, false, waitSyscall, -1, false},
-		{"quiet, a timer: parked until it", 2000, time.Second, time.Second, true, false, waitPark, 2000, false},
-		{"quiet, a timer, no gate: a system call until it", 2000, time.Second, time.Second, false, false, waitSyscall, 2000, false},
-		{"busy, no timer", -1, time.Millisecond, 5 * time.Millisecond, true, false, waitHeld, pollerSlice, true},
-		{"busy, no gate", -1, time.Millisecond, 5 * time.Millisecond, false, false, waitHeld, pollerSlice, true},
-		{"busy, just yielded", -1, time.Millisecond, 0, true, false, waitHeld, pollerSlice, false},
-		{"busy, a far timer", 2000, time.Millisecond, 0, true, false, waitHeld, pollerSlice, false},
-		{"busy, a near timer", 3, time.Millisecond, 2 * time.Millisecond, true, false, waitHeld, 3, true},
-		{"busy, a late answer awaited: parked", -1, time.Microsecond, 5 * time.Millisecond, true, true, waitPark, -1, false},
-		{"busy, a late answer awaited, a timer: parked until it", 3, time.Microsecond, 0, true, true, waitPark, 3, false},
-		{"busy, a late answer awaited, no gate: held", -1, time.Microsecond, 5 * time.Millisecond, false, true, waitHeld, pollerSlice, true},
-		{"quiet, a late answer awaited: parked", -1, time.Second, time.Second, true, true, waitPark, -1, false},
-		{"no wait", 0, time.Second, time.Second, true, false, waitHeld, 0, false},
-		{"no wait, a late answer awaited", 0, time.Microsecond, time.Second, true, true, waitHeld, 0, false},
+		{"no events yet: parked", -1, -1, 0, true, awaitedNothing, waitPark, -1, false},
+		{"quiet since pollerBusy: parked", -1, pollerBusy, 50 * time.Millisecond, true, awaitedNothing, waitPark, -1, false},
+		{"quiet, no gate: a system call", -1, time.Second, time.Second, false, awaitedNothing, waitSyscall, -1, false},
+		{"quiet, a timer: parked until it", 2000, time.Second, time.Second, true, awaitedNothing, waitPark, 2000, false},
+		{"quiet, a timer, no gate: a system call until it", 2000, time.Second, time.Second, false, awaitedNothing, waitSyscall, 2000, false},
+		{"busy, no timer", -1, time.Millisecond, 5 * time.Millisecond, true, awaitedNothing, waitHeld, pollerSlice, true},
+		{"busy, no gate", -1, time.Millisecond, 5 * time.Millisecond, false, awaitedNothing, waitHeld, pollerSlice, true},
+		{"busy, just yielded", -1, time.Millisecond, 0, true, awaitedNothing, waitHeld, pollerSlice, false},
+		{"busy, a far timer", 2000, time.Millisecond, 0, true, awaitedNothing, waitHeld, pollerSlice, false},
+		{"busy, a near timer", 3, time.Millisecond, 2 * time.Millisecond, true, awaitedNothing, waitHeld, 3, true},
+		{"busy, a late answer awaited: parked", -1, time.Microsecond, 5 * time.Millisecond, true, awaitedLate, waitPark, -1, false},
+		{"busy, a late answer awaited, a timer: parked until it", 3, time.Microsecond, 0, true, awaitedLate, waitPark, 3, false},
+		{"busy, a late answer awaited, no gate: held", -1, time.Microsecond, 5 * time.Millisecond, false, awaitedLate, waitHeld, pollerSlice, true},
+		{"quiet, a late answer awaited: parked", -1, time.Second, time.Second, true, awaitedLate, waitPark, -1, false},
+		{"no wait", 0, time.Second, time.Second, true, awaitedNothing, waitHeld, 0, false},
+		{"no wait, a late answer awaited", 0, time.Microsecond, time.Second, true, awaitedLate, waitHeld, 0, false},
+		{"busy, an answer due soon: held longer", -1, time.Microsecond, 5 * time.Millisecond, true, awaitedSoon, waitHeld, pollerAwaitSlice, true},
+		{"busy, an answer due soon, no gate: held longer", -1, time.Microsecond, 0, false, awaitedSoon, waitHeld, pollerAwaitSlice, false},
+		{"busy, an answer due soon, a near timer: held until it", 3, time.Microsecond, 0, true, awaitedSoon, waitHeld, 3, false},
+		{"quiet since pollerBusy, an answer due soon: parked", -1, pollerBusy, 0, true, awaitedSoon, waitPark, -1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var last time.Time
 			if tc.lastEvent >= 0 {
 				last = now.Add(-tc.lastEvent)
 			}
-			how, got, yield := planWait(tc.timeout, now, last, now.Add(-tc.yield), tc.gate, tc.late)
+			how, got, yield := planWait(tc.timeout, now, last, now.Add(-tc.yield), tc.gate, tc.await)
 			if how != tc.how || got != tc.want || yield != tc.wantYield {
-				t.Errorf("planWait(%d, last event %v ago, yielded %v ago, gate %v, late answer %v) = %d, %d, %v; want %d, %d, %v", tc.timeout, tc.lastEvent, tc.yield, tc.gate, tc.late, how, got, yield, tc.how, tc.want, tc.wantYield)
+				t.Errorf("planWait(%d, last event %v ago, yielded %v ago, gate %v, awaited %d) = %d, %d, %v; want %d, %d, %v", tc.timeout, tc.lastEvent, tc.yield, tc.gate, tc.await, how, got, yield, tc.how, tc.want, tc.wantYield)
 			}
 		})
 	}
 
 	// Whatever the time since the last yield, a busy poller's wait holds
 	// the P no longer than ends before sysmon's slice since its last yield
-	// runs out.
-	for ago := time.Duration(0); ago <= 3*sysmonSlice; ago += 100 * time.Microsecond {
-		for _, timeout := range []int{-1, 1, 7, 9, 50, 2000} {
-			how, got, yield := planWait(timeout, now, now.Add(-time.Microsecond), now.Add(-ago), true, false)
-			if how != waitHeld || got < 0 {
-				t.Fatalf("planWait(%d) while busy = %d, %d: not a bounded held wait", timeout, how, got)
-			}
-			since := ago
-			if yield {
-				since = 0
-			}
-			if end := since + time.Duration(got)*time.Millisecond; end >= sysmonSlice-500*time.Microsecond {
-				t.Errorf("planWait(%d), yielded %v ago: wait %dms, yield %v: the wait ends %v after the last yield, sysmon's slice is %v", timeout, ago, got, yield, end, sysmonSlice)
+	// runs out, an answer due soon or not.
+	for _, await := range []awaited{awaitedNothing, awaitedSoon} {
+		for ago := time.Duration(0); ago <= 3*sysmonSlice; ago += 100 * time.Microsecond {
+			for _, timeout := range []int{-1, 1, 7, 9, 50, 2000} {
+				how, got, yield := planWait(timeout, now, now.Add(-time.Microsecond), now.Add(-ago), true, await)
+				if how != waitHeld || got < 0 {
+					t.Fatalf("planWait(%d, awaited %d) while busy = %d, %d: not a bounded held wait", timeout, await, how, got)
+				}
+				since := ago
+				if yield {
+					since = 0
+				}
+				if end := since + time.Duration(got)*time.Millisecond; end >= sysmonSlice-500*time.Microsecond {
+					t.Errorf("planWait(%d, awaited %d), yielded %v ago: wait %dms, yield %v: the wait ends %v after the last yield, sysmon's slice is %v", timeout, await, ago, got, yield, end, sysmonSlice)
+				}
 			}
 		}
 	}

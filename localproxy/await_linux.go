@@ -115,13 +115,13 @@ type poller struct {
 	// now is when the poller's last wait returned: the time the steps of
 	// its events go by (answerClock). seen is what those steps, and the
 	// ones after them, wrote (noteWrite), until the poller plans its
-	// next wait; slowAnswer what the last of them that wrote came to
-	// (stepsSeen.slowAnswer), kept until steps write again: the poller
-	// then parks at once (planWait). Only run and what it calls use
-	// them.
-	now        time.Time
-	seen       stepsSeen
-	slowAnswer bool
+	// next wait; await what the last of them that wrote left it
+	// awaiting (stepsSeen.awaited), kept until steps write again: the
+	// poller holds for an answer due soon, or parks at once for a late
+	// one (planWait). Only run and what it calls use them.
+	now   time.Time
+	seen  stepsSeen
+	await awaited
 	// tally is what the steps wrote since it was last counted, count
 	// what counts it (Proxy.count; nil: nothing does): after each round
 	// of events, before a step closes its connection, and when run
@@ -134,16 +134,43 @@ type poller struct {
 // a wait (poller.noteWrite).
 type stepsSeen struct {
 	// wrote: some step wrote; slowAsk: some passed a request upstream
-	// whose answer comes pollerBusy or more later (answerClock.wrote),
+	// whose answer comes pollerAwait or more later (answerClock.wrote),
 	// fastAsk: one whose answer comes sooner; answer: some passed bytes
 	// back to a client.
 	wrote, slowAsk, fastAsk, answer bool
 }
 
-// slowAnswer: the steps passed requests upstream whose answers all come
-// pollerBusy or more later, and nothing back; then the poller parks at
-// once (planWait).
-func (s stepsSeen) slowAnswer() bool { return s.slowAsk && !s.fastAsk && !s.answer }
+// awaited is what the poller's last steps that wrote left it awaiting
+// (stepsSeen.awaited), for its next wait (planWait).
+type awaited uint8
+
+const (
+	// awaitedNothing: they passed bytes back to a client, or only
+	// control frames upstream: what comes next, and when, is the
+	// clients' to say.
+	awaitedNothing awaited = iota
+	// awaitedSoon: they passed requests upstream, one or more of them
+	// with an answer due within pollerAwait, and nothing back: the
+	// poller holds for it, up to pollerAwait.
+	awaitedSoon
+	// awaitedLate: they passed requests upstream whose answers all come
+	// pollerAwait or more later, and nothing back: the poller parks at
+	// once.
+	awaitedLate
+)
+
+// awaited is what the steps seen leave the poller awaiting.
+func (s stepsSeen) awaited() awaited {
+	switch {
+	case s.answer:
+		return awaitedNothing
+	case s.fastAsk:
+		return awaitedSoon
+	case s.slowAsk:
+		return awaitedLate
+	}
+	return awaitedNothing
+}
 
 // pollerBatch is how many events one wakeup of the poller takes at most.
 const pollerBatch = 128
@@ -177,13 +204,22 @@ const pollerYield = 8 * time.Millisecond
 //     as by any goroutine running that long: a stop of the world for the
 //     garbage collector waits for the wait's end (with 8ms slices, a
 //     busy loop made them 6-10ms; hence 4ms);
+//   - while busy, waits up to pollerAwait (pollerAwaitSlice) instead,
+//     the same way, if the last steps passed a request upstream whose
+//     answer is due within pollerAwait (answerClock), and passed nothing
+//     back (awaitedSoon): an answer 4-8ms after its request (the bench's
+//     LISTs' first bytes come about 4ms after theirs) ends the wait,
+//     where a 4ms one would end first, in a wakeup for nothing and a
+//     park after it. That is the only wait a stop of the world may wait
+//     8ms for, and it ends with the answer;
 //   - while busy, parks at once if the last steps passed a request
-//     upstream on a connection whose answers come pollerBusy or more
-//     after its requests (answerClock), and passed nothing back: a hold
-//     the answer outlasts ends in a wakeup for nothing, and a park
-//     after it. In that harness, with both proxies run side by
-//     side, that saved 2-11% of the CPU per LIST-shaped answer (10ms
-//     after each request), and answers after 700µs cost the same;
+//     upstream on a connection whose answers come pollerAwait or more
+//     after its requests (answerClock), and passed nothing back
+//     (awaitedLate): a hold the answer outlasts ends in a wakeup for
+//     nothing, and a park after it. In that harness, with both proxies
+//     run side by side, that saved 2-11% of the CPU per LIST-shaped
+//     answer (10ms after each request), and answers after 700µs cost
+//     the same;
 //   - once quiet, parks in Go's poller on the gate (waitPark), until an
 //     event or its soonest timer (then a Go timer, the gate's deadline):
 //     its P is free, no thread of the proxy's wakes until then, and
@@ -200,9 +236,11 @@ const pollerYield = 8 * time.Millisecond
 // every 10ms while the P is held). In make bench, GETs 50ms apart
 // (get-sparse) cost 358µs against 1,423µs before, HAProxy's 186-191µs.
 const (
-	pollerBusy      = 4 * time.Millisecond
-	pollerWaitYield = time.Millisecond
-	pollerSlice     = 4 // milliseconds, as epoll_wait takes them
+	pollerBusy       = 4 * time.Millisecond
+	pollerWaitYield  = time.Millisecond
+	pollerSlice      = 4 // milliseconds, as epoll_wait takes them
+	pollerAwait      = 8 * time.Millisecond
+	pollerAwaitSlice = int(pollerAwait / time.Millisecond)
 )
 
 // waitHow is how the poller waits for events (planWait).
@@ -217,16 +255,19 @@ const (
 // planWait is how the poller's goroutine waits, for how long in
 // milliseconds (-1: no bound), and whether it yields first, given the
 // timers' timeout, when the last events came, when it last yielded,
-// whether it has a gate, and whether the last steps that wrote passed a
-// request upstream whose answer comes pollerBusy or more later, and
-// nothing back (slowAnswer).
-func planWait(timeout int, now, lastEvent, yielded time.Time, gate, slowAnswer bool) (how waitHow, ms int, yield bool) {
+// whether it has a gate, and what the last steps that wrote left it
+// awaiting.
+func planWait(timeout int, now, lastEvent, yielded time.Time, gate bool, await awaited) (how waitHow, ms int, yield bool) {
 	switch {
 	case timeout == 0:
 		return waitHeld, 0, false
-	case now.Sub(lastEvent) < pollerBusy && !(gate && slowAnswer):
-		if timeout < 0 || timeout > pollerSlice {
-			timeout = pollerSlice
+	case now.Sub(lastEvent) < pollerBusy && !(gate && await == awaitedLate):
+		slice := pollerSlice
+		if await == awaitedSoon {
+			slice = pollerAwaitSlice
+		}
+		if timeout < 0 || timeout > slice {
+			timeout = slice
 		}
 		return waitHeld, timeout, now.Sub(yielded) >= pollerWaitYield
 	case gate:
@@ -364,10 +405,10 @@ func (p *poller) run() {
 			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
 			if p.seen.wrote {
-				p.slowAnswer = p.seen.slowAnswer()
+				p.await = p.seen.awaited()
 			}
 			p.seen = stepsSeen{}
-			how, timeout, yieldFirst := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil, p.slowAnswer)
+			how, timeout, yieldFirst := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil, p.await)
 			if yieldFirst {
 				yield(now)
 			}

@@ -125,7 +125,7 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 	}
 }
 
-// A connection's answers are late once six in a row came pollerBusy or
+// A connection's answers are late once six in a row came pollerAwait or
 // more after their requests, and after a spell of late ones, in time
 // again after six in time; bytes passed back with no request awaiting
 // them (a watch's events) time nothing; an answer is timed from the
@@ -158,13 +158,13 @@ func TestAnswerClock(t *testing.T) {
 		return late
 	}
 	for i := range 6 {
-		require.False(t, exchange(pollerBusy), "late before answer %d of 6 late ones", i+1)
+		require.False(t, exchange(pollerAwait), "late before answer %d of 6 late ones", i+1)
 	}
 	for range 100 {
 		require.True(t, exchange(10*time.Millisecond), "not late after six late answers")
 	}
 	for i := range 6 {
-		require.True(t, exchange(pollerBusy-time.Microsecond), "in time again after %d of six answers in time", i)
+		require.True(t, exchange(pollerAwait-time.Microsecond), "in time again after %d of six answers in time", i)
 	}
 	require.False(t, exchange(time.Millisecond), "still late after six answers in time")
 	for range 20 {
@@ -206,20 +206,23 @@ func TestAnswerClock(t *testing.T) {
 }
 
 // Requests whose answers all come late, and nothing passed back: only
-// then does the poller park at once.
-func TestStepsSeenSlowAnswer(t *testing.T) {
+// then does the poller park at once; one whose answer is due soon, and
+// nothing back: the poller holds for it.
+func TestStepsSeenAwaited(t *testing.T) {
 	for _, tc := range []struct {
 		seen stepsSeen
-		want bool
+		want awaited
 	}{
-		{stepsSeen{wrote: true, slowAsk: true}, true},
-		{stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, false},
-		{stepsSeen{wrote: true, slowAsk: true, answer: true}, false},
-		{stepsSeen{wrote: true, fastAsk: true}, false},
-		{stepsSeen{wrote: true, answer: true}, false},
-		{stepsSeen{}, false},
+		{stepsSeen{wrote: true, slowAsk: true}, awaitedLate},
+		{stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, awaitedSoon},
+		{stepsSeen{wrote: true, slowAsk: true, answer: true}, awaitedNothing},
+		{stepsSeen{wrote: true, fastAsk: true}, awaitedSoon},
+		{stepsSeen{wrote: true, fastAsk: true, answer: true}, awaitedNothing},
+		{stepsSeen{wrote: true, answer: true}, awaitedNothing},
+		{stepsSeen{wrote: true}, awaitedNothing},
+		{stepsSeen{}, awaitedNothing},
 	} {
-		require.Equal(t, tc.want, tc.seen.slowAnswer(), "%+v", tc.seen)
+		require.Equal(t, tc.want, tc.seen.awaited(), "%+v", tc.seen)
 	}
 	var p poller
 	p.noteWrite(wroteControl)

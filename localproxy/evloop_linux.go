@@ -50,11 +50,12 @@ type evConn struct {
 
 // answerClock times a loop connection's answers: from the last bytes
 // passed upstream to the first bytes passed back; and keeps how often
-// they came pollerBusy or more later. That tells the poller, once a
-// request is passed on, whether to hold its P for the answer or park at
-// once (planWait): a LIST the apiserver takes 10ms to answer outlasts the
-// hold, and holding for it cost a wakeup and a wait more than parking at
-// once; a GET's answer, in a millisecond, costs more parked than held.
+// they came pollerAwait or more later. That tells the poller, once a
+// request is passed on, whether to hold its P for the answer, up to
+// pollerAwait, or park at once (planWait): a LIST the apiserver takes
+// 10ms to answer outlasts the hold, and holding for it cost a wakeup and
+// a wait more than parking at once; a GET's answer, in a millisecond, or
+// a small LIST's, in five, costs more parked than held.
 // From the last bytes, not the first: an HTTP/2 client sends a
 // flow-control update after it read 4 KiB of an answer, and its next
 // request may come much later; timed from the update, its answer would
@@ -100,7 +101,7 @@ const (
 	// wroteControl: fewer than controlWrite bytes passed upstream.
 	wroteControl
 	// wroteFastAsk: a request passed upstream, whose answer comes, going
-	// by the connection's earlier ones, within pollerBusy;
+	// by the connection's earlier ones, within pollerAwait;
 	// wroteSlowAsk: one whose answer comes later.
 	wroteFastAsk
 	wroteSlowAsk
@@ -121,7 +122,7 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	}
 	if !a.asked.IsZero() {
 		var x int32
-		if now.Sub(a.asked) >= pollerBusy {
+		if now.Sub(a.asked) >= pollerAwait {
 			x = answerLate
 		}
 		a.late += (x - a.late) / answerWeight
