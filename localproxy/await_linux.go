@@ -116,9 +116,9 @@ type poller struct {
 	// its events go by (answerClock). seen is what those steps, and the
 	// ones after them, wrote (noteWrite), until the poller plans its
 	// next wait; await what the last of them that wrote left it
-	// awaiting (stepsSeen.awaited), kept until steps write again: the
-	// poller holds for an answer due soon, or parks at once for a late
-	// one (planWait). Only run and what it calls use them.
+	// awaiting (stepsSeen.awaited), kept until steps write again,
+	// control frames aside: the poller holds for an answer or a request
+	// due soon, or parks at once for a late answer (planWait). Only run and what it calls use them.
 	now   time.Time
 	seen  stepsSeen
 	await awaited
@@ -133,11 +133,12 @@ type poller struct {
 // stepsSeen is what the loop's steps wrote since the poller last planned
 // a wait (poller.noteWrite).
 type stepsSeen struct {
-	// wrote: some step wrote; slowAsk: some passed a request upstream
-	// whose answer comes pollerAwait or more later (answerClock.wrote),
-	// fastAsk: one whose answer comes sooner; answer: some passed bytes
-	// back to a client.
-	wrote, slowAsk, fastAsk, answer bool
+	// wrote: some step wrote, control frames aside; slowAsk: some
+	// passed a request upstream whose answer comes pollerAwait or more
+	// later (answerClock.wrote), fastAsk: one whose answer comes
+	// sooner; answer: some passed bytes back to a client, askedLate: to
+	// one whose next request comes pollerAwait or more later.
+	wrote, slowAsk, fastAsk, answer, askedLate bool
 }
 
 // awaited is what the poller's last steps that wrote left it awaiting
@@ -145,13 +146,14 @@ type stepsSeen struct {
 type awaited uint8
 
 const (
-	// awaitedNothing: they passed bytes back to a client, or only
-	// control frames upstream: what comes next, and when, is the
-	// clients' to say.
+	// awaitedNothing: they passed bytes back to a client whose next
+	// request comes pollerAwait or more later, if at all: what comes
+	// next, and when, is the clients' to say.
 	awaitedNothing awaited = iota
 	// awaitedSoon: they passed requests upstream, one or more of them
-	// with an answer due within pollerAwait, and nothing back: the
-	// poller holds for it, up to pollerAwait.
+	// with an answer due within pollerAwait, and nothing back; or bytes
+	// back only to clients whose next requests come within pollerAwait
+	// (answerClock): the poller holds for them, up to pollerAwait.
 	awaitedSoon
 	// awaitedLate: they passed requests upstream whose answers all come
 	// pollerAwait or more later, and nothing back: the poller parks at
@@ -162,9 +164,9 @@ const (
 // awaited is what the steps seen leave the poller awaiting.
 func (s stepsSeen) awaited() awaited {
 	switch {
-	case s.answer:
+	case s.askedLate:
 		return awaitedNothing
-	case s.fastAsk:
+	case s.answer, s.fastAsk:
 		return awaitedSoon
 	case s.slowAsk:
 		return awaitedLate
@@ -207,11 +209,13 @@ const pollerYield = 8 * time.Millisecond
 //   - while busy, waits up to pollerAwait (pollerAwaitSlice) instead,
 //     the same way, if the last steps passed a request upstream whose
 //     answer is due within pollerAwait (answerClock), and passed nothing
-//     back (awaitedSoon): an answer 4-8ms after its request (the bench's
-//     LISTs' first bytes come about 4ms after theirs) ends the wait,
-//     where a 4ms one would end first, in a wakeup for nothing and a
-//     park after it. That is the only wait a stop of the world may wait
-//     8ms for, and it ends with the answer;
+//     back, or passed bytes back only to clients whose next requests
+//     come within pollerAwait (awaitedSoon): an answer, or a request,
+//     4-8ms later (the bench's LISTs' first bytes come about 4ms after
+//     their requests, and its client's next LIST a few milliseconds
+//     after the answer) ends the wait, where a 4ms one would end first,
+//     in a wakeup for nothing and a park after it. Those are the only
+//     waits a stop of the world may wait 8ms for;
 //   - while busy, parks at once if the last steps passed a request
 //     upstream on a connection whose answers come pollerAwait or more
 //     after its requests (answerClock), and passed nothing back
@@ -468,11 +472,19 @@ func (p *poller) countTally() {
 	}
 }
 
-// noteWrite is told by a step of a loop connection what it wrote.
+// noteWrite is told by a step of a loop connection what it wrote. A
+// control frame changes nothing awaited: the window updates a client
+// sends once it read an answer come before its next request, or
+// before the answer's next bytes.
 func (p *poller) noteWrite(what wroteWhat) {
+	if what == wroteControl {
+		return
+	}
 	p.seen.wrote = true
 	switch what {
 	case wroteAnswer:
+		p.seen.answer, p.seen.askedLate = true, true
+	case wroteAnswerAskedSoon:
 		p.seen.answer = true
 	case wroteSlowAsk:
 		p.seen.slowAsk = true

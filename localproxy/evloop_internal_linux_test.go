@@ -142,7 +142,10 @@ func TestAnswerClock(t *testing.T) {
 		require.Contains(t, []wroteWhat{wroteFastAsk, wroteSlowAsk}, what, "a request of 200 bytes")
 		return what == wroteSlowAsk
 	}
-	back := func(at time.Time) { a.wrote(toClient, 4096, at) }
+	back := func(at time.Time) {
+		t.Helper()
+		require.Contains(t, []wroteWhat{wroteAnswer, wroteAnswerAskedSoon}, a.wrote(toClient, 4096, at))
+	}
 	update := func(at time.Time) {
 		t.Helper()
 		require.Equal(t, wroteControl, a.wrote(toUpstream, 48, at), "a pair of window updates")
@@ -205,6 +208,43 @@ func TestAnswerClock(t *testing.T) {
 	require.True(t, list(), "not late after six LISTs answered 10ms later: the window updates counted as requests")
 }
 
+// The client's clock: a client whose next request comes within
+// pollerAwait of the last bytes passed back to it asks soon once six in
+// a row did, and late again after six that did not; a fresh connection's
+// asks late; the window updates it sends after reading an answer are no
+// request, and end nothing: timed from them, a request 5ms after the
+// answer would come 5ms after them too, but one pollerAwait after it
+// would not.
+func TestAnswerClockTimesTheClient(t *testing.T) {
+	var a answerClock
+	t0 := time.Unix(1_000_000, 0)
+	// round: a request, its answer 1ms later, the client's window update
+	// after it, and its next request gap after the answer; says whether
+	// the answer was passed back to a client that asks soon.
+	round := func(gap time.Duration) bool {
+		t.Helper()
+		require.Contains(t, []wroteWhat{wroteFastAsk, wroteSlowAsk}, a.wrote(toUpstream, 200, t0))
+		t0 = t0.Add(time.Millisecond)
+		what := a.wrote(toClient, 4096, t0)
+		require.Contains(t, []wroteWhat{wroteAnswer, wroteAnswerAskedSoon}, what)
+		require.Equal(t, wroteControl, a.wrote(toUpstream, 48, t0.Add(50*time.Microsecond)))
+		t0 = t0.Add(gap)
+		return what == wroteAnswerAskedSoon
+	}
+	for i := range 6 {
+		require.False(t, round(5*time.Millisecond), "asked soon at answer %d, after %d requests 5ms after the answer before it", i+1, i)
+	}
+	for range 50 {
+		require.True(t, round(5*time.Millisecond), "asked late after six requests 5ms after the answer")
+	}
+	for i := range 6 {
+		require.True(t, round(50*time.Millisecond), "asked late again after %d of six requests 50ms after the answer", i)
+	}
+	for range 50 {
+		require.False(t, round(pollerAwait), "asked soon after requests pollerAwait after the answer")
+	}
+}
+
 // Requests whose answers all come late, and nothing passed back: only
 // then does the poller park at once; one whose answer is due soon, and
 // nothing back: the poller holds for it.
@@ -215,10 +255,12 @@ func TestStepsSeenAwaited(t *testing.T) {
 	}{
 		{stepsSeen{wrote: true, slowAsk: true}, awaitedLate},
 		{stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, awaitedSoon},
-		{stepsSeen{wrote: true, slowAsk: true, answer: true}, awaitedNothing},
+		{stepsSeen{wrote: true, slowAsk: true, answer: true, askedLate: true}, awaitedNothing},
+		{stepsSeen{wrote: true, slowAsk: true, answer: true}, awaitedSoon},
 		{stepsSeen{wrote: true, fastAsk: true}, awaitedSoon},
-		{stepsSeen{wrote: true, fastAsk: true, answer: true}, awaitedNothing},
-		{stepsSeen{wrote: true, answer: true}, awaitedNothing},
+		{stepsSeen{wrote: true, fastAsk: true, answer: true, askedLate: true}, awaitedNothing},
+		{stepsSeen{wrote: true, answer: true, askedLate: true}, awaitedNothing},
+		{stepsSeen{wrote: true, answer: true}, awaitedSoon},
 		{stepsSeen{wrote: true}, awaitedNothing},
 		{stepsSeen{}, awaitedNothing},
 	} {
@@ -226,12 +268,14 @@ func TestStepsSeenAwaited(t *testing.T) {
 	}
 	var p poller
 	p.noteWrite(wroteControl)
-	require.Equal(t, stepsSeen{wrote: true}, p.seen, "a control frame is no request")
+	require.Equal(t, stepsSeen{}, p.seen, "a control frame counted: it changes nothing awaited")
 	p.noteWrite(wroteSlowAsk)
 	p.noteWrite(wroteFastAsk)
 	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, p.seen)
+	p.noteWrite(wroteAnswerAskedSoon)
+	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true, answer: true}, p.seen)
 	p.noteWrite(wroteAnswer)
-	require.True(t, p.seen.answer)
+	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true, answer: true, askedLate: true}, p.seen)
 }
 
 // The loop's steps time a connection's answers (answerClock) by the
@@ -259,7 +303,7 @@ func TestLoopNotesALateAnswer(t *testing.T) {
 		awaitFD(t, upFD, unix.POLLIN)
 		poll.now, poll.seen = now.Add(10*time.Millisecond), stepsSeen{}
 		c.step(toClient, stepReadable)
-		require.Equal(t, stepsSeen{wrote: true, answer: true}, poll.seen, "answer %d", i+1)
+		require.Equal(t, stepsSeen{wrote: true, answer: true, askedLate: true}, poll.seen, "answer %d: its client asks again a second later", i+1)
 		_, err = client.Read(buf)
 		require.NoError(t, err)
 		now = now.Add(time.Second)

@@ -62,11 +62,24 @@ type evConn struct {
 // count as late. Writes of fewer than controlWrite bytes are not taken
 // for requests (HTTP/2 control frames). It is a guess, and a wrong guess
 // costs CPU, nothing else.
+//
+// It times the client too: from the last bytes passed back to it to its
+// next request, and keeps how often that came within pollerAwait. After
+// passing bytes back to a client that asks again soon (a controller's
+// back-to-back LISTs, or the pages of one, each sent once the last is
+// decoded, 4-8ms later in the bench), the poller holds for its next
+// request up to pollerAwait (planWait); after passing bytes back to one
+// that does not (a node agent's GETs, 50ms apart; a watch's events), 4ms.
 type answerClock struct {
 	asked time.Time // zero: no answer awaited
 	// late is how often answers came late: an average of 0 (in time)
 	// and answerLate (late), each answer counting 1/answerWeight.
 	late int32
+	// answered is when bytes were last passed back to the client, zero
+	// since its next request; soon how often that request came within
+	// pollerAwait, on late's scale: 0, never, to start with.
+	answered time.Time
+	soon     int32
 }
 
 const (
@@ -96,8 +109,12 @@ const controlWrite = 64
 type wroteWhat uint8
 
 const (
-	// wroteAnswer: bytes passed back to the client.
+	// wroteAnswer: bytes passed back to the client, whose next request,
+	// going by its earlier ones, comes pollerAwait or more later, if at
+	// all; wroteAnswerAskedSoon: to a client whose next request comes
+	// sooner.
 	wroteAnswer wroteWhat = iota
+	wroteAnswerAskedSoon
 	// wroteControl: fewer than controlWrite bytes passed upstream.
 	wroteControl
 	// wroteFastAsk: a request passed upstream, whose answer comes, going
@@ -114,6 +131,10 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 		if n < controlWrite {
 			return wroteControl
 		}
+		if !a.answered.IsZero() {
+			a.soon += (ewmaSample(now.Sub(a.answered) < pollerAwait) - a.soon) / answerWeight
+			a.answered = time.Time{}
+		}
 		a.asked = now
 		if a.late > answerLate/2 {
 			return wroteSlowAsk
@@ -121,14 +142,23 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 		return wroteFastAsk
 	}
 	if !a.asked.IsZero() {
-		var x int32
-		if now.Sub(a.asked) >= pollerAwait {
-			x = answerLate
-		}
-		a.late += (x - a.late) / answerWeight
+		a.late += (ewmaSample(now.Sub(a.asked) >= pollerAwait) - a.late) / answerWeight
 		a.asked = time.Time{}
 	}
+	a.answered = now
+	if a.soon > answerLate/2 {
+		return wroteAnswerAskedSoon
+	}
 	return wroteAnswer
+}
+
+// ewmaSample is an answerClock average's sample: answerLate if yes, else
+// 0.
+func ewmaSample(yes bool) int32 {
+	if yes {
+		return answerLate
+	}
+	return 0
 }
 
 // evDir is one direction on the loop.
