@@ -43,6 +43,7 @@ func TestPlanWait(t *testing.T) {
 		{"no wait, a late answer awaited", 0, time.Microsecond, time.Second, true, awaitedLate, waitHeld, 0, false},
 		{"busy, an answer due soon: held longer", -1, time.Microsecond, 5 * time.Millisecond, true, awaitedSoon, waitHeld, pollerAwaitSlice, true},
 		{"busy, an answer due soon, no gate: held longer", -1, time.Microsecond, 0, false, awaitedSoon, waitHeld, pollerAwaitSlice, false},
+		{"busy, an answer due soon, yielded 500µs ago: held until pollerAwait after the yield", -1, time.Microsecond, 500 * time.Microsecond, true, awaitedSoon, waitHeld, pollerAwaitSlice - 1, false},
 		{"busy, an answer due soon, a near timer: held until it", 3, time.Microsecond, 0, true, awaitedSoon, waitHeld, 3, false},
 		{"quiet since pollerBusy, an answer due soon: parked", -1, pollerBusy, 0, true, awaitedSoon, waitPark, -1, false},
 	} {
@@ -72,11 +73,52 @@ func TestPlanWait(t *testing.T) {
 				if yield {
 					since = 0
 				}
-				if end := since + time.Duration(got)*time.Millisecond; end >= sysmonSlice-500*time.Microsecond {
-					t.Errorf("planWait(%d, awaited %d), yielded %v ago: wait %dms, yield %v: the wait ends %v after the last yield, sysmon's slice is %v", timeout, await, ago, got, yield, end, sysmonSlice)
+				// The round of events after the wait, before the
+				// goroutine yields again, has the rest of sysmon's
+				// slice: 2ms or more.
+				if end := since + time.Duration(got)*time.Millisecond; end > pollerAwait {
+					t.Errorf("planWait(%d, awaited %d), yielded %v ago: wait %dms, yield %v: the wait ends %v after the last yield, sysmon's slice is %v, and the round after the wait needs some of it", timeout, await, ago, got, yield, end, sysmonSlice)
 				}
 			}
 		}
+	}
+}
+
+// What the loop's steps wrote decides the poller's next wait (plan):
+// parked at once for a late answer; held up to pollerAwait for an answer
+// due soon, or for a client that asks again soon; held up to pollerSlice
+// after bytes passed back to one that does not; a round with only
+// control frames keeps what was awaited, but for a late answer.
+func TestPollerPlansItsWaitFromItsSteps(t *testing.T) {
+	poll, err := newPollerMode(true)
+	require.NoError(t, err)
+	require.NotNil(t, poll.gate, "no gate: the poller cannot park, the test proves nothing")
+	t.Cleanup(poll.closeFDs)
+	now := time.Now()
+	busy, yielded := now.Add(-time.Microsecond), now.Add(-5*time.Millisecond)
+	for _, step := range []struct {
+		wrote []wroteWhat
+		how   waitHow
+		ms    int
+	}{
+		{nil, waitHeld, pollerSlice},
+		{[]wroteWhat{wroteSlowAsk}, waitPark, -1},
+		{nil, waitPark, -1},
+		{[]wroteWhat{wroteControl}, waitHeld, pollerSlice},
+		{[]wroteWhat{wroteFastAsk}, waitHeld, pollerAwaitSlice},
+		{[]wroteWhat{wroteControl}, waitHeld, pollerAwaitSlice},
+		{[]wroteWhat{wroteAnswerAskedSoon, wroteControl}, waitHeld, pollerAwaitSlice},
+		{[]wroteWhat{wroteControl}, waitHeld, pollerAwaitSlice},
+		{[]wroteWhat{wroteAnswerAskedSoon, wroteAnswer}, waitHeld, pollerSlice},
+		{[]wroteWhat{wroteSlowAsk, wroteControl}, waitPark, -1},
+		{[]wroteWhat{wroteAnswer}, waitHeld, pollerSlice},
+	} {
+		for _, w := range step.wrote {
+			poll.noteWrite(w)
+		}
+		how, ms, _ := poll.plan(now, busy, yielded)
+		require.Equal(t, step.how, how, "after %v", step.wrote)
+		require.Equal(t, step.ms, ms, "after %v", step.wrote)
 	}
 }
 

@@ -137,8 +137,9 @@ type stepsSeen struct {
 	// passed a request upstream whose answer comes pollerAwait or more
 	// later (answerClock.wrote), fastAsk: one whose answer comes
 	// sooner; answer: some passed bytes back to a client, askedLate: to
-	// one whose next request comes pollerAwait or more later.
-	wrote, slowAsk, fastAsk, answer, askedLate bool
+	// one whose next request comes pollerAwait or more later; control:
+	// some passed a control frame upstream.
+	wrote, slowAsk, fastAsk, answer, askedLate, control bool
 }
 
 // awaited is what the poller's last steps that wrote left it awaiting
@@ -160,6 +161,21 @@ const (
 	// once.
 	awaitedLate
 )
+
+// next is what the poller awaits after the steps seen, given what it
+// awaited before them. Steps that wrote only control frames change
+// nothing, but that a late answer is no longer awaited alone: a client
+// that sends a window update is reading an answer whose next bytes may
+// have waited for it (HTTP/2 flow control), and they come at once.
+func (s stepsSeen) next(prev awaited) awaited {
+	switch {
+	case s.wrote:
+		return s.awaited()
+	case s.control && prev == awaitedLate:
+		return awaitedNothing
+	}
+	return prev
+}
 
 // awaited is what the steps seen leave the poller awaiting.
 func (s stepsSeen) awaited() awaited {
@@ -214,8 +230,14 @@ const pollerYield = 8 * time.Millisecond
 //     4-8ms later (the bench's LISTs' first bytes come about 4ms after
 //     their requests, and its client's next LIST a few milliseconds
 //     after the answer) ends the wait, where a 4ms one would end first,
-//     in a wakeup for nothing and a park after it. Those are the only
-//     waits a stop of the world may wait 8ms for;
+//     in a wakeup for nothing and a park after it. Such a wait ends
+//     within pollerAwait of the last yield, so that the round of events
+//     after it has 2ms of sysmon's slice. Those are the only waits a stop
+//     of the world may wait 8ms for, but on a loop carrying back-to-back
+//     LISTs they are most of its waits: its garbage collector's pauses
+//     may last 6-10ms there, as with 8ms slices. A pause stops the
+//     proxy's other goroutines (health checks, discovery), not the
+//     loop's copying: the loop is what it waits for;
 //   - while busy, parks at once if the last steps passed a request
 //     upstream on a connection whose answers come pollerAwait or more
 //     after its requests (answerClock), and passed nothing back
@@ -266,14 +288,21 @@ func planWait(timeout int, now, lastEvent, yielded time.Time, gate bool, await a
 	case timeout == 0:
 		return waitHeld, 0, false
 	case now.Sub(lastEvent) < pollerBusy && !(gate && await == awaitedLate):
+		yield = now.Sub(yielded) >= pollerWaitYield
 		slice := pollerSlice
 		if await == awaitedSoon {
+			// Ends within pollerAwait of the last yield: the round of
+			// events after it has sysmon's 10ms less that before the
+			// goroutine yields again (run).
 			slice = pollerAwaitSlice
+			if !yield {
+				slice = int((pollerAwait - now.Sub(yielded)) / time.Millisecond)
+			}
 		}
 		if timeout < 0 || timeout > slice {
 			timeout = slice
 		}
-		return waitHeld, timeout, now.Sub(yielded) >= pollerWaitYield
+		return waitHeld, timeout, yield
 	case gate:
 		return waitPark, timeout, false
 	default:
@@ -408,11 +437,7 @@ func (p *poller) run() {
 			// More to copy: look for events without waiting.
 			n, werr = p.wait(events, 0, waitHeld)
 		case p.blocking:
-			if p.seen.wrote {
-				p.await = p.seen.awaited()
-			}
-			p.seen = stepsSeen{}
-			how, timeout, yieldFirst := planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil, p.await)
+			how, timeout, yieldFirst := p.plan(now, lastEvent, yielded)
 			if yieldFirst {
 				yield(now)
 			}
@@ -465,6 +490,14 @@ func (p *poller) run() {
 	}
 }
 
+// plan is how the poller waits next (planWait), after it takes what the
+// steps since its last wait leave it awaiting.
+func (p *poller) plan(now, lastEvent, yielded time.Time) (how waitHow, ms int, yield bool) {
+	p.await = p.seen.next(p.await)
+	p.seen = stepsSeen{}
+	return planWait(p.timers.timeout(now), now, lastEvent, yielded, p.gate != nil, p.await)
+}
+
 // countTally has the steps' tally counted (poller.count).
 func (p *poller) countTally() {
 	if p.count != nil {
@@ -473,11 +506,12 @@ func (p *poller) countTally() {
 }
 
 // noteWrite is told by a step of a loop connection what it wrote. A
-// control frame changes nothing awaited: the window updates a client
-// sends once it read an answer come before its next request, or
-// before the answer's next bytes.
+// control frame is no request or answer (stepsSeen.next): the window
+// updates a client sends once it read an answer come between the answer
+// and its next request, or before the answer's next bytes.
 func (p *poller) noteWrite(what wroteWhat) {
 	if what == wroteControl {
+		p.seen.control = true
 		return
 	}
 	p.seen.wrote = true

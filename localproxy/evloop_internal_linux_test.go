@@ -243,12 +243,39 @@ func TestAnswerClockTimesTheClient(t *testing.T) {
 	for range 50 {
 		require.False(t, round(pollerAwait), "asked soon after requests pollerAwait after the answer")
 	}
+
+	// A client that asks soon, then only reads a watch's events, a
+	// second apart, no request between: it asks late from the sixth
+	// (the first comes a second after the last answer).
+	for range 50 {
+		round(time.Millisecond)
+	}
+	for i := range 7 {
+		t0 = t0.Add(time.Second)
+		what := a.wrote(toClient, 300, t0)
+		require.Equal(t, i < 5, what == wroteAnswerAskedSoon, "event %d, a second after the last bytes passed back", i+1)
+		require.Equal(t, what, a.wrote(toClient, 300, t0.Add(pollerAwait-time.Microsecond)), "bytes within pollerAwait of the last counted")
+	}
 }
 
 // Requests whose answers all come late, and nothing passed back: only
 // then does the poller park at once; one whose answer is due soon, and
 // nothing back: the poller holds for it.
 func TestStepsSeenAwaited(t *testing.T) {
+	for _, tc := range []struct {
+		seen       stepsSeen
+		prev, next awaited
+	}{
+		{stepsSeen{}, awaitedLate, awaitedLate},
+		{stepsSeen{}, awaitedSoon, awaitedSoon},
+		{stepsSeen{control: true}, awaitedLate, awaitedNothing},
+		{stepsSeen{control: true}, awaitedSoon, awaitedSoon},
+		{stepsSeen{control: true}, awaitedNothing, awaitedNothing},
+		{stepsSeen{wrote: true, control: true, slowAsk: true}, awaitedSoon, awaitedLate},
+		{stepsSeen{wrote: true, answer: true, askedLate: true}, awaitedSoon, awaitedNothing},
+	} {
+		require.Equal(t, tc.next, tc.seen.next(tc.prev), "%+v after %d", tc.seen, tc.prev)
+	}
 	for _, tc := range []struct {
 		seen stepsSeen
 		want awaited
@@ -268,7 +295,8 @@ func TestStepsSeenAwaited(t *testing.T) {
 	}
 	var p poller
 	p.noteWrite(wroteControl)
-	require.Equal(t, stepsSeen{}, p.seen, "a control frame counted: it changes nothing awaited")
+	require.Equal(t, stepsSeen{control: true}, p.seen, "a control frame taken for a request or an answer")
+	p.seen = stepsSeen{}
 	p.noteWrite(wroteSlowAsk)
 	p.noteWrite(wroteFastAsk)
 	require.Equal(t, stepsSeen{wrote: true, slowAsk: true, fastAsk: true}, p.seen)

@@ -64,7 +64,9 @@ type evConn struct {
 // costs CPU, nothing else.
 //
 // It times the client too: from the last bytes passed back to it to its
-// next request, and keeps how often that came within pollerAwait. After
+// next request, and keeps how often that came within pollerAwait: each
+// request counts, and so do bytes passed back pollerAwait or more after
+// the last with no request between (the client did not ask soon). After
 // passing bytes back to a client that asks again soon (a controller's
 // back-to-back LISTs, or the pages of one, each sent once the last is
 // decoded, 4-8ms later in the bench), the poller holds for its next
@@ -77,7 +79,7 @@ type answerClock struct {
 	late int32
 	// answered is when bytes were last passed back to the client, zero
 	// since its next request; soon how often that request came within
-	// pollerAwait, on late's scale: 0, never, to start with.
+	// pollerAwait, on late's scale, 0 (never) to start with.
 	answered time.Time
 	soon     int32
 }
@@ -144,6 +146,13 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	if !a.asked.IsZero() {
 		a.late += (ewmaSample(now.Sub(a.asked) >= pollerAwait) - a.late) / answerWeight
 		a.asked = time.Time{}
+	}
+	if !a.answered.IsZero() && now.Sub(a.answered) >= pollerAwait {
+		// More bytes back, pollerAwait or more after the last, and no
+		// request between: the client did not ask again soon (a
+		// watch's events, on a connection whose LISTs came back to
+		// back).
+		a.soon -= a.soon / answerWeight
 	}
 	a.answered = now
 	if a.soon > answerLate/2 {
