@@ -117,7 +117,7 @@ func main() {
 	flag.DurationVar(&o.overhead.SparseGap, "sparse-gap", 50*time.Millisecond, "pause before each sparse GET (a node agent's pace)")
 	flag.IntVar(&o.overhead.GetConc, "get-concurrent", 2000, "concurrent GETs per path")
 	flag.IntVar(&o.overhead.Concurrency, "concurrency", 16, "goroutines of the concurrent GETs")
-	flag.IntVar(&o.overhead.Lists, "lists", 50, "LISTs per path")
+	flag.IntVar(&o.overhead.Lists, "lists", 300, "LISTs per path (their CPU ratios need a few hundred on a shared machine)")
 	flag.IntVar(&o.overhead.ListObjects, "list-objects", 300, "ConfigMaps the LIST returns")
 	flag.IntVar(&o.overhead.ListBytes, "list-object-bytes", 1024, "payload bytes per listed ConfigMap")
 	flag.IntVar(&o.overhead.NewConn, "new-conn", 100, "GETs on new connections per path")
