@@ -43,7 +43,7 @@ func TestPlanWait(t *testing.T) {
 		{"no wait, a late answer awaited", 0, time.Microsecond, time.Second, true, awaitedLate, waitHeld, 0, false},
 		{"busy, an answer due soon: held longer", -1, time.Microsecond, 5 * time.Millisecond, true, awaitedSoon, waitHeld, pollerAwaitSlice, true},
 		{"busy, an answer due soon, no gate: held longer", -1, time.Microsecond, 0, false, awaitedSoon, waitHeld, pollerAwaitSlice, false},
-		{"busy, an answer due soon, yielded 500µs ago: held until pollerAwait after the yield", -1, time.Microsecond, 500 * time.Microsecond, true, awaitedSoon, waitHeld, pollerAwaitSlice - 1, false},
+		{"busy, an answer due soon, yielded 500µs ago: held 7ms, to end within pollerAwait of the yield", -1, time.Microsecond, 500 * time.Microsecond, true, awaitedSoon, waitHeld, pollerAwaitSlice - 1, false},
 		{"busy, an answer due soon, a near timer: held until it", 3, time.Microsecond, 0, true, awaitedSoon, waitHeld, 3, false},
 		{"quiet since pollerBusy, an answer due soon: parked", -1, pollerBusy, 0, true, awaitedSoon, waitPark, -1, false},
 	} {
@@ -66,7 +66,7 @@ func TestPlanWait(t *testing.T) {
 		for ago := time.Duration(0); ago <= 3*sysmonSlice; ago += 100 * time.Microsecond {
 			for _, timeout := range []int{-1, 1, 7, 9, 50, 2000} {
 				how, got, yield := planWait(timeout, now, now.Add(-time.Microsecond), now.Add(-ago), true, await)
-				if how != waitHeld || got < 0 {
+				if how != waitHeld || got <= 0 {
 					t.Fatalf("planWait(%d, awaited %d) while busy = %d, %d: not a bounded held wait", timeout, await, how, got)
 				}
 				since := ago

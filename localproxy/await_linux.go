@@ -115,10 +115,11 @@ type poller struct {
 	// now is when the poller's last wait returned: the time the steps of
 	// its events go by (answerClock). seen is what those steps, and the
 	// ones after them, wrote (noteWrite), until the poller plans its
-	// next wait; await what the last of them that wrote left it
-	// awaiting (stepsSeen.awaited), kept until steps write again,
-	// control frames aside: the poller holds for an answer or a request
-	// due soon, or parks at once for a late answer (planWait). Only run and what it calls use them.
+	// next wait; await what they left it awaiting (stepsSeen.next),
+	// kept until steps write again, but that a round of control frames
+	// alone turns a late answer into nothing awaited: the poller holds
+	// for an answer or a request due soon, or parks at once for a late
+	// answer (planWait). Only run and what it calls use them.
 	now   time.Time
 	seen  stepsSeen
 	await awaited
@@ -143,7 +144,7 @@ type stepsSeen struct {
 }
 
 // awaited is what the poller's last steps that wrote left it awaiting
-// (stepsSeen.awaited), for its next wait (planWait).
+// (stepsSeen.next), for its next wait (planWait).
 type awaited uint8
 
 const (
@@ -292,8 +293,8 @@ func planWait(timeout int, now, lastEvent, yielded time.Time, gate bool, await a
 		slice := pollerSlice
 		if await == awaitedSoon {
 			// Ends within pollerAwait of the last yield: the round of
-			// events after it has sysmon's 10ms less that before the
-			// goroutine yields again (run).
+			// events after it has the rest of sysmon's 10ms, 2ms or
+			// more, before the goroutine yields again (run).
 			slice = pollerAwaitSlice
 			if !yield {
 				slice = int((pollerAwait - now.Sub(yielded)) / time.Millisecond)
