@@ -69,7 +69,7 @@ type evConn struct {
 // the last with no request between (the client did not ask soon). After
 // passing bytes back to a client that asks again soon (a controller's
 // back-to-back LISTs, or the pages of one, each sent once the last is
-// decoded, 4-8ms later in the bench), the poller holds for its next
+// decoded), the poller holds for its next
 // request up to pollerAwait (planWait); after passing bytes back to one
 // that does not (a node agent's GETs, 50ms apart; a watch's events), 4ms.
 type answerClock struct {
@@ -140,7 +140,7 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 			return wroteControl
 		}
 		if !a.answered.IsZero() {
-			a.soon += (ewmaSample(now.Sub(a.answered) < pollerAwait) - a.soon) / answerWeight
+			addSample(&a.soon, now.Sub(a.answered) < pollerAwait)
 			a.answered = time.Time{}
 		}
 		a.asked = now
@@ -150,7 +150,7 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 		return wroteFastAsk
 	}
 	if !a.asked.IsZero() {
-		a.late += (ewmaSample(now.Sub(a.asked) >= pollerAwait) - a.late) / answerWeight
+		addSample(&a.late, now.Sub(a.asked) >= pollerAwait)
 		a.asked = time.Time{}
 	}
 	if !a.answered.IsZero() && now.Sub(a.answered) >= pollerAwait {
@@ -159,7 +159,7 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 		// watch's events, on a connection whose LISTs came back to
 		// back); or the server paused that long within an answer,
 		// which counts the same.
-		a.soon -= a.soon / answerWeight
+		addSample(&a.soon, false)
 	}
 	a.answered = now
 	if a.soon > answerLate/2 {
@@ -168,13 +168,14 @@ func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	return wroteAnswer
 }
 
-// ewmaSample is an answerClock average's sample: answerLate if yes, else
-// 0.
-func ewmaSample(yes bool) int32 {
+// addSample adds a sample to one of answerClock's averages: answerLate if
+// yes, else 0, counting 1/answerWeight.
+func addSample(avg *int32, yes bool) {
+	var x int32
 	if yes {
-		return answerLate
+		x = answerLate
 	}
-	return 0
+	*avg += (x - *avg) / answerWeight
 }
 
 // evDir is one direction on the loop.
