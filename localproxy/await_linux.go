@@ -228,10 +228,11 @@ const pollerYield = 8 * time.Millisecond
 //     answer is due within pollerAwait (answerClock), and passed nothing
 //     back, or passed bytes back only to clients whose next requests
 //     come within pollerAwait (awaitedSoon): an answer, or a request,
-//     4-8ms later (the bench's LISTs' first bytes come about 4ms after
-//     their requests, and its client's next LIST a few milliseconds
-//     after the answer) ends the wait, where a 4ms one would end first,
-//     in a wakeup for nothing and a park after it. Such a wait ends
+//     4-8ms later ends the wait, where a 4ms one would end first, in a
+//     wakeup for nothing and a park after it (on the harness, answers
+//     5ms after each request, and requests 5ms after each answer; in
+//     the bench, whose repeated LISTs are too small to be told from
+//     control frames, through its window updates: controlWrite). Such a wait ends
 //     within pollerAwait of the last yield, so that the round of events
 //     after it has 2ms of sysmon's slice. Those are the only waits a stop
 //     of the world may wait 8ms for, but on a loop carrying back-to-back
