@@ -258,6 +258,50 @@ func TestAnswerClockTimesTheClient(t *testing.T) {
 	}
 }
 
+// A repeated HTTP/2 request is as small as a pair of window updates
+// (HPACK: the bench's LISTs take 39 bytes in TLS 1.3 records), and is
+// told from them by its time: window updates follow the bytes passed
+// back within controlGap; the next request comes once the client has
+// decoded the answer. Here LISTs of 39 bytes, each answered in four
+// pieces with a pair of window updates 80µs after each, the next LIST
+// 2.6ms after the last piece: each request is timed, answers 5ms later
+// are in time (the poller holds for them), 10ms later late (it parks);
+// the client asks soon; and a second request before any answer (HTTP/2
+// multiplexes them) is a request too.
+func TestAnswerClockTellsSmallRequestsFromControlFrames(t *testing.T) {
+	var a answerClock
+	t0 := time.Unix(1_000_000, 0)
+	list := func(took time.Duration) (asked, answered wroteWhat) {
+		t.Helper()
+		asked = a.wrote(toUpstream, 39, t0)
+		t0 = t0.Add(took)
+		for i := range 4 {
+			what := a.wrote(toClient, 4127, t0)
+			if i == 0 {
+				answered = what
+			}
+			require.Equal(t, wroteControl, a.wrote(toUpstream, 48, t0.Add(80*time.Microsecond)), "a pair of window updates 80µs after the bytes they acknowledge")
+			t0 = t0.Add(200 * time.Microsecond)
+		}
+		t0 = t0.Add(2600 * time.Microsecond)
+		return asked, answered
+	}
+	for i := range 20 {
+		asked, answered := list(5 * time.Millisecond)
+		require.Equal(t, wroteFastAsk, asked, "LIST %d, 39 bytes, 2.6ms after the last answer: not taken for a request answered in time", i+1)
+		if i >= 6 {
+			require.Equal(t, wroteAnswerAskedSoon, answered, "LIST %d: its client, asking 2.6ms after each answer, not taken for one that asks soon", i+1)
+		}
+	}
+	for range 6 {
+		list(10 * time.Millisecond)
+	}
+	asked, _ := list(10 * time.Millisecond)
+	require.Equal(t, wroteSlowAsk, asked, "39-byte LISTs answered 10ms later not judged late")
+	require.Equal(t, wroteSlowAsk, a.wrote(toUpstream, 39, t0), "the LIST's rest")
+	require.Equal(t, wroteSlowAsk, a.wrote(toUpstream, 39, t0.Add(10*time.Microsecond)), "a second request, before any answer")
+}
+
 // Requests whose answers all come late, and nothing passed back: only
 // then does the poller park at once; one whose answer is due soon, and
 // nothing back: the poller holds for it.

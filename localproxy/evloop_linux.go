@@ -59,9 +59,10 @@ type evConn struct {
 // From the last bytes, not the first: an HTTP/2 client sends a
 // flow-control update after it read 4 KiB of an answer, and its next
 // request may come much later; timed from the update, its answer would
-// count as late. Writes of fewer than controlWrite bytes are not taken
-// for requests (HTTP/2 control frames). It is a guess, and a wrong guess
-// costs CPU, nothing else.
+// count as late. Writes of fewer than controlWrite bytes within
+// controlGap of bytes passed back are not taken for requests (HTTP/2
+// control frames). It is a guess, and a wrong guess costs CPU, nothing
+// else.
 //
 // It times the client too: from the last bytes passed back to it to its
 // next request, and keeps how often that came within pollerAwait: each
@@ -95,22 +96,32 @@ const (
 	answerWeight = 8
 )
 
-// controlWrite: a write upstream of fewer bytes is not taken for a
-// request (answerClock.wrote). In TLS 1.2 or 1.3, an HTTP/2 client's
-// control frames come in records of 31-55 bytes: window updates (a pair
-// of them: 48 bytes in TLS 1.3), a PING, a SETTINGS acknowledgement; a
-// request's headers, with its path, in more. Taken for requests, the
-// window updates client-go sends for every 4 KiB it reads of a LIST's
-// answer, each answered by the answer's next bytes at once, outnumbered
-// the LIST's late answer, and its connection's answers counted as in
-// time. A guess by size, and wrong both ways for some traffic: HPACK
-// makes a repeated request small (a Go HTTP/2 client's second identical
-// GET took 39-42 bytes in TLS 1.3 records, where its first took 1,501),
-// so a client repeating one request, as the bench's LISTs do, sends
-// what is taken for control frames; and window updates read together
-// (96-240 bytes in that client's case) are taken for requests. The
-// clocks then time the window updates, not the requests.
-const controlWrite = 64
+// controlWrite and controlGap: a write upstream of fewer than
+// controlWrite bytes, within controlGap of bytes passed back to the
+// client, is not taken for a request (answerClock.wrote): it is a control
+// frame the client sent on reading them. In TLS 1.2 or 1.3, an HTTP/2
+// client's control frames come in records of 31-55 bytes: window updates
+// (a pair of them: 48 bytes in TLS 1.3), a PING's acknowledgement, a
+// SETTINGS acknowledgement. Taken for requests, the window updates
+// client-go sends for every 4 KiB it reads of a LIST's answer, each
+// answered by the answer's next bytes at once, outnumbered the LIST's
+// late answer, and its connection's answers counted as in time. In make
+// bench they came 70-90µs after the bytes they acknowledged.
+//
+// Size alone does not tell them apart: HPACK makes a repeated request as
+// small (a Go HTTP/2 client's second identical GET took 39-42 bytes in
+// TLS 1.3 records, where its first took 1,501; the bench's repeated
+// LISTs, 39 bytes), but a client sends its next request once it has
+// decoded the last answer, milliseconds after its last bytes in the
+// bench, where the window updates follow them at once. A small request
+// sent within controlGap of the last answer is still taken for a
+// control frame, and window updates read together (96-240 bytes in
+// that client's case) for a request; a PING of the client's own, sent at
+// any time, is taken for a request, answered at once.
+const (
+	controlWrite = 64
+	controlGap   = time.Millisecond
+)
 
 // wroteWhat is what a step's write was, for the poller's wait
 // (answerClock.wrote, poller.noteWrite).
@@ -123,7 +134,8 @@ const (
 	// sooner.
 	wroteAnswer wroteWhat = iota
 	wroteAnswerAskedSoon
-	// wroteControl: fewer than controlWrite bytes passed upstream.
+	// wroteControl: fewer than controlWrite bytes passed upstream,
+	// within controlGap of bytes passed back.
 	wroteControl
 	// wroteFastAsk: a request passed upstream, whose answer comes, going
 	// by the connection's earlier ones, within pollerAwait;
@@ -136,7 +148,7 @@ const (
 // they were.
 func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	if side == toUpstream {
-		if n < controlWrite {
+		if n < controlWrite && now.Sub(a.answered) < controlGap { // never after a request: answered is zero
 			return wroteControl
 		}
 		if !a.answered.IsZero() {
