@@ -130,9 +130,10 @@ func TestLoopDisarmsTheWatchOnTheAnswer(t *testing.T) {
 // again after six in time; bytes passed back with no request awaiting
 // them (a watch's events) time nothing; an answer is timed from the
 // request's last bytes; and writes upstream of fewer than controlWrite
-// bytes (HTTP/2 window updates) are no requests: neither those a client
-// sends while a LIST's answer streams in, nor the one after an answer,
-// long before the next request, make answers in time or late.
+// bytes within controlGap of bytes passed back (HTTP/2 window updates)
+// are no requests: neither those a client sends while a LIST's answer
+// streams in, nor the one after an answer, long before the next
+// request, make answers in time or late.
 func TestAnswerClock(t *testing.T) {
 	var a answerClock
 	t0 := time.Unix(1_000_000, 0)
@@ -266,8 +267,11 @@ func TestAnswerClockTimesTheClient(t *testing.T) {
 // pieces with a pair of window updates 80µs after each, the next LIST
 // 2.6ms after the last piece: each request is timed, answers 5ms later
 // are in time (the poller holds for them), 10ms later late (it parks);
-// the client asks soon; and a second request before any answer (HTTP/2
-// multiplexes them) is a request too.
+// the client asks soon; a second request before any answer (HTTP/2
+// multiplexes them) is a request too; and a window update sent late,
+// taken for a request, does not make a client that asks 50ms after
+// each answer one that asks soon; nor is a small write after a request
+// a control frame.
 func TestAnswerClockTellsSmallRequestsFromControlFrames(t *testing.T) {
 	var a answerClock
 	t0 := time.Unix(1_000_000, 0)
@@ -298,8 +302,28 @@ func TestAnswerClockTellsSmallRequestsFromControlFrames(t *testing.T) {
 	}
 	asked, _ := list(10 * time.Millisecond)
 	require.Equal(t, wroteSlowAsk, asked, "39-byte LISTs answered 10ms later not judged late")
-	require.Equal(t, wroteSlowAsk, a.wrote(toUpstream, 39, t0), "the LIST's rest")
+	require.Equal(t, wroteSlowAsk, a.wrote(toUpstream, 39, t0), "the next LIST")
 	require.Equal(t, wroteSlowAsk, a.wrote(toUpstream, 39, t0.Add(10*time.Microsecond)), "a second request, before any answer")
+
+	// A window update sent late (1.5ms after the bytes, by a busy
+	// client) is taken for a request; the client's real one, 50ms
+	// after the answer, is what its clock counts: it does not ask soon.
+	var b answerClock
+	for i := range 30 {
+		b.wrote(toUpstream, 39, t0)
+		t0 = t0.Add(700 * time.Microsecond)
+		require.Equal(t, wroteAnswer, b.wrote(toClient, 2048, t0), "GET %d, 50ms after the answer before it: its client taken for one that asks soon", i+1)
+		require.Equal(t, wroteFastAsk, b.wrote(toUpstream, 48, t0.Add(1500*time.Microsecond)), "a window update 1.5ms after the bytes")
+		t0 = t0.Add(50 * time.Millisecond)
+	}
+
+	// A small write after a request (HTTP/1.1, 100µs after the bytes
+	// before it), within controlGap of those bytes, goes with the
+	// request: a second one, or the first's end.
+	var c answerClock
+	c.wrote(toClient, 4096, t0)
+	require.Equal(t, wroteFastAsk, c.wrote(toUpstream, 200, t0.Add(100*time.Microsecond)), "a request 100µs after the bytes")
+	require.Equal(t, wroteFastAsk, c.wrote(toUpstream, 39, t0.Add(200*time.Microsecond)), "39 bytes after it")
 }
 
 // Requests whose answers all come late, and nothing passed back: only
