@@ -123,9 +123,9 @@ const (
 // six in seven, 1ms or more for one in sixteen). Wrong guesses remain,
 // each costing a wait of the wrong kind: a small request sent within
 // controlGap of the last bytes passed back (an answer's, or a watch's
-// events) is taken for a control frame; window updates read together (96-240 bytes in that client's
-// case), or sent 1ms or more after the bytes (a busy or throttled
-// client), for a request, and the answer's next bytes then count as an
+// events) is taken for a control frame; window updates read together
+// (96-240 bytes in that client's case), or sent 1ms or more after the
+// bytes (a busy or throttled client), for a request, and the answer's next bytes then count as an
 // answer in time; a PING, a stream's reset or a GOAWAY of the client's
 // own, sent 1ms or more after bytes passed back, for a request too. A
 // small write after a request, before any bytes are passed back, goes
@@ -162,6 +162,8 @@ const (
 // they were.
 func (a *answerClock) wrote(side, n int, now time.Time) wroteWhat {
 	if side == toUpstream {
+		// With nothing passed back yet, answered is zero and the gap
+		// the longest a Duration holds: a request.
 		if n < controlWrite && a.asked.IsZero() && now.Sub(a.answered) < controlGap {
 			return wroteControl
 		}
