@@ -31,7 +31,7 @@ type PingLoopHooks struct {
 	InUse                                        func() bool
 	Busy                                         func() bool
 	Heard                                        func(within time.Duration) (time.Duration, bool)
-	Wake                                         <-chan struct{}
+	Waker                                        *Waker
 	Ping                                         func(context.Context) error
 	Lost                                         <-chan struct{}
 	Late                                         func(error)
@@ -41,7 +41,7 @@ type PingLoopHooks struct {
 
 // RunPingLoopWith runs a PING schedule as RunPingLoop does, with h.
 func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, error) {
-	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, heard: h.Heard, inUse: h.InUse, wake: h.Wake, ping: h.Ping, lost: h.Lost,
+	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, heard: h.Heard, inUse: h.InUse, w: h.Waker.w(), ping: h.Ping, lost: h.Lost,
 		lostErr: func() error { return errLost }, late: h.Late, answered: h.Answered, goingAway: h.GoingAway}
 	l.rtt.Sample(h.Seed)
 	return l.run(ctx)
@@ -60,7 +60,7 @@ func Woken(p *Prober, addr string) bool {
 		return false
 	}
 	select {
-	case <-h.wake:
+	case <-h.w.ch:
 		return true
 	default:
 		return false
@@ -82,7 +82,7 @@ func HeldIdle(quiet time.Duration, probes []time.Duration, now time.Duration) bo
 // interval, so that Wake sends it nothing.
 func Awake(p *Prober, addr string) bool {
 	h, err := p.held.get(addr)
-	return err == nil && h.awake.Load()
+	return err == nil && h.w.awake.Load()
 }
 
 // RequestFailed is the error of a held connection's GET /readyz sent at
@@ -91,4 +91,20 @@ func Awake(p *Prober, addr string) bool {
 func RequestFailed(err error, start time.Time, heard bool) error {
 	c := &heldConn{w: &watchedConn{lost: make(chan struct{})}}
 	return c.requestFailed(err, start, heard)
+}
+
+// Waker tells a PING loop of requests sent, as Prober.Wake does.
+type Waker struct{ wk *waker }
+
+// NewWaker returns a Waker for PingLoopHooks.
+func NewWaker() *Waker { return &Waker{newWaker()} }
+
+// Wake tells the loop that a request was just sent.
+func (w *Waker) Wake() { w.wk.wake() }
+
+func (w *Waker) w() *waker {
+	if w == nil {
+		return nil
+	}
+	return w.wk
 }

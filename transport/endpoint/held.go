@@ -111,7 +111,7 @@ func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
 		if hc.eps == nil {
 			hc.eps = make(map[string]*heldEndpoint)
 		}
-		h = &heldEndpoint{addr: addr, wake: make(chan struct{}, 1)}
+		h = &heldEndpoint{addr: addr, w: newWaker()}
 		hc.eps[addr] = h
 	}
 	return h, nil
@@ -121,11 +121,8 @@ func (hc *heldChannels) get(addr string) (*heldEndpoint, error) {
 // any, and the reconnect backoff.
 type heldEndpoint struct {
 	addr string
-	// wake tells the PING loop that the endpoint may be in use now;
-	// awake says the loop runs at its busy interval, so Wake sends
-	// nothing (see pingLoop.awake).
-	wake  chan struct{}
-	awake atomic.Bool
+	// w is how requests reach the PING loop (Prober.Wake).
+	w *waker
 	// probing serializes the endpoint's probes.
 	probing sync.Mutex
 
@@ -576,8 +573,8 @@ func (p *Prober) watchHeld(c *heldConn) {
 	}
 	if busy != nil {
 		l.busy = func() bool { return busy(addr) }
-		l.wake, l.awake = c.h.wake, &c.h.awake
-		defer c.h.awake.Store(false)
+		l.w = c.h.w
+		defer c.h.w.awake.Store(false)
 	}
 	if p.Heard != nil {
 		l.heard = func(within time.Duration) (time.Duration, bool) { return p.Heard(addr, within) }
@@ -628,19 +625,12 @@ type pingLoop struct {
 	// connection less than within ago, and how long ago: a busy PING
 	// waits until it has not for interval (see heardWait).
 	heard func(within time.Duration) (time.Duration, bool)
-	// wake, if set, is signalled when a request was just sent: a PING
-	// goes at once, or interval after the last one.
-	wake <-chan struct{}
+	// w, if set, tells the loop of requests sent (see waker).
+	w *waker
 	// idle: the loop waits idleInterval; last: when the last PING went.
 	idle bool
-	// awake, if set, is true while the loop is not idle: a request's
-	// Wake would tell it nothing, so it sends nothing, and the loop's
-	// goroutine is not scheduled once per request. next sets it false
-	// before it asks busy, and Wake asks it after the request was sent:
-	// either the loop sees the request or the Wake sees the loop idle.
-	awake *atomic.Bool
-	last  time.Time
-	ping  func(context.Context) error
+	last time.Time
+	ping func(context.Context) error
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
 	lostErr func() error
@@ -666,9 +656,9 @@ type pingLoop struct {
 // ctx is done or stop says so (zero). While the endpoint is busy (or with
 // no busy) a PING goes every interval (±10%) after the last answer,
 // otherwise every idleInterval (unusedInterval with no connection); a
-// wake during an idle wait brings the
-// next PING forward to interval after the last one (at once if that has
-// passed). Each PING has two deadlines: the timeout of rtt, past which it
+// wake during an idle wait brings the next PING forward to interval after
+// the last one (at once if that has passed), and a request sent since the
+// last PING went keeps the loop busy for one more (see waker). Each PING has two deadlines: the timeout of rtt, past which it
 // is reported late (see late), and a confirmation timeout past which the
 // connection counts as lost (see confirmTimeout).
 func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
@@ -680,10 +670,10 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			return 0, nil
 		case <-l.lost:
 			return l.lostFailure()
-		case <-l.wake:
+		case <-l.w.woken():
 			if l.idle {
 				l.idle = false
-				l.setAwake(true)
+				l.w.setAwake(true)
 				t.Reset(max(l.interval-time.Since(l.last), 0))
 			}
 			continue
@@ -694,6 +684,7 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 			continue
 		}
 		l.last = time.Now()
+		l.w.pinged()
 		f, err := l.pingOnce(ctx)
 		if f != 0 || err != nil || ctx.Err() != nil {
 			return f, err
@@ -736,18 +727,13 @@ func (l *pingLoop) heardWait() (time.Duration, bool) {
 	return l.interval - ago, true
 }
 
-// setAwake sets awake, if the loop has one.
-func (l *pingLoop) setAwake(v bool) {
-	if l.awake != nil {
-		l.awake.Store(v)
-	}
-}
-
-// next is the wait until the next PING; it sets idle and awake.
+// next is the wait until the next PING; it sets idle and awake. A
+// request sent since the last PING went keeps the loop busy whatever busy
+// says (see waker.asked).
 func (l *pingLoop) next() time.Duration {
-	l.setAwake(false)
-	l.idle = l.busy != nil && !l.busy()
-	l.setAwake(!l.idle)
+	l.w.setAwake(false)
+	l.idle = l.busy != nil && !l.w.askedSincePing() && !l.busy()
+	l.w.setAwake(!l.idle)
 	switch {
 	case !l.idle:
 		return spread(l.interval)
@@ -863,8 +849,9 @@ func (p *Prober) Forget(addr string) {
 
 // Wake tells the held connection of addr (ProbeHeld), if any, that addr
 // may have come into use (see InUse), so that its PINGs go every
-// PingInterval from now on rather than from its next idle PING. It does
-// not block, and does nothing on a nil Prober.
+// PingInterval from now on rather than from its next idle PING: at least
+// one PING goes after each Wake. It does not block, and does nothing on
+// a nil Prober.
 func (p *Prober) Wake(addr string) {
 	if p == nil {
 		return
@@ -872,14 +859,77 @@ func (p *Prober) Wake(addr string) {
 	p.held.mu.Lock()
 	h := p.held.eps[addr]
 	p.held.mu.Unlock()
-	if h == nil || h.awake.Load() {
+	if h != nil {
+		h.w.wake()
+	}
+}
+
+// waker is how the requests to an endpoint reach its PING loop: a
+// request sent to a frozen server is to be followed by a PING within
+// PingInterval, which is left unanswered.
+type waker struct {
+	// ch tells an idle loop that a request was just sent: its next PING
+	// goes at once, or interval after the last one.
+	ch chan struct{}
+	// awake is true while the loop is not idle: a request sends nothing
+	// on ch, and the loop's goroutine is not scheduled once per request.
+	awake atomic.Bool
+	// asked is set by each request and cleared as a PING goes. The loop
+	// that asks whether to go idle after a PING (pingLoop.next) stays
+	// busy for one more PING while it is set: the Busy it asks as well
+	// cannot see every request. Wake comes before the request's bytes
+	// are written, and the kernel's data clocks count in jiffies, so a
+	// request sent in the same jiffy as the last answer came looks
+	// answered. Without asked, a request sent to a server that froze
+	// while a PING was out went unwatched until the idle PING, 5s on.
+	asked atomic.Bool
+}
+
+func newWaker() *waker { return &waker{ch: make(chan struct{}, 1)} }
+
+// wake records a request sent and wakes the loop if it is idle. asked is
+// set before awake is read, and next clears awake before it reads
+// asked: either the loop sees the request or this sees the loop idle.
+func (w *waker) wake() {
+	if !w.asked.Load() {
+		w.asked.Store(true)
+	}
+	if w.awake.Load() {
 		return
 	}
 	select {
-	case h.wake <- struct{}{}:
+	case w.ch <- struct{}{}:
 	default:
 	}
 }
+
+// woken is the channel an idle loop waits on; nil (never ready) on a nil
+// waker.
+func (w *waker) woken() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.ch
+}
+
+// setAwake sets awake; nothing on a nil waker.
+func (w *waker) setAwake(v bool) {
+	if w != nil {
+		w.awake.Store(v)
+	}
+}
+
+// pinged clears asked as a PING goes: that PING follows every request
+// sent so far.
+func (w *waker) pinged() {
+	if w != nil && w.asked.Load() {
+		w.asked.Store(false)
+	}
+}
+
+// askedSincePing reports whether a request was sent since the last PING
+// went; false on a nil waker.
+func (w *waker) askedSincePing() bool { return w != nil && w.asked.Load() }
 
 // Close closes the held connections (ProbeHeld) and waits for their
 // goroutines; later ProbeHeld probes fail with ErrProberClosed. Call it

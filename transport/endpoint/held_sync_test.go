@@ -131,16 +131,16 @@ func TestPingLoopBusy(t *testing.T) {
 		start := time.Now()
 		var busy atomic.Bool
 		var asked atomic.Int32
-		wake := make(chan struct{}, 1)
+		wake := endpoint.NewWaker()
 		time.AfterFunc(10*time.Second+time.Millisecond, func() {
 			busy.Store(true)
-			wake <- struct{}{}
+			wake.Wake()
 		})
 		ctx, cancel := context.WithTimeout(t.Context(), 12*time.Second)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
-			Busy: func() bool { asked.Add(1); return busy.Load() }, Wake: wake, Ping: ping,
+			Busy: func() bool { asked.Add(1); return busy.Load() }, Waker: wake, Ping: ping,
 		})
 		idle, fast := 0, 0
 		for _, p := range pings {
@@ -212,7 +212,7 @@ func TestPingLoopWakeHeard(t *testing.T) {
 			looks++
 			return 10 * time.Millisecond, 10*time.Millisecond < within
 		}
-		wake := make(chan struct{}, 1)
+		wake := endpoint.NewWaker()
 		ticker := time.NewTicker(50 * time.Millisecond)
 		defer ticker.Stop()
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
@@ -224,15 +224,12 @@ func TestPingLoopWakeHeard(t *testing.T) {
 					return
 				case <-ticker.C:
 				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
+				wake.Wake()
 			}
 		}()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: 5 * time.Second, Seed: time.Millisecond,
-			Busy: func() bool { return false }, Heard: heard, Wake: wake, Ping: func(context.Context) error { pings++; return nil },
+			Busy: func() bool { return false }, Heard: heard, Waker: wake, Ping: func(context.Context) error { pings++; return nil },
 		})
 		assert.InDelta(t, 3, pings, 1, "the first wake's PING, then one per second or so, in 3s (12 at one per 250ms)")
 		assert.InDelta(t, 9, looks, 2, "a look at the server's data every 250ms, not one per request (60)")
@@ -268,17 +265,50 @@ func TestPingLoopWakeAnswered(t *testing.T) {
 		var pings []time.Duration
 		start := time.Now()
 		ping := func(ctx context.Context) error { pings = append(pings, time.Since(start)); return nil }
-		wake := make(chan struct{}, 1)
-		time.AfterFunc(time.Second, func() { wake <- struct{}{} })
+		wake := endpoint.NewWaker()
+		time.AfterFunc(time.Second, wake.Wake)
 		ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: 2 * time.Second, Seed: time.Millisecond,
-			Busy: func() bool { return false }, Wake: wake, Ping: ping,
+			Busy: func() bool { return false }, Waker: wake, Ping: ping,
 		})
 		require.Len(t, pings, 2, "the wake's PING, then one idle PING in 4s")
 		assert.Equal(t, time.Second, pings[0])
 		assert.InDelta(t, float64(3*time.Second), float64(pings[1]), float64(200*time.Millisecond), "idle again: 2s (±10%) after")
+	})
+}
+
+// A request sent while a PING is out, to a server that freezes then,
+// gets a PING of its own within Interval of that one's answer, even
+// though Busy cannot see it waiting (sent before its bytes were written,
+// or in the same jiffy as the last answer came): the loop does not go
+// idle for IdleInterval with the request unwatched.
+func TestPingLoopWakeDuringPing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pings []time.Duration
+		start := time.Now()
+		wake := endpoint.NewWaker()
+		ping := func(ctx context.Context) error {
+			pings = append(pings, time.Since(start))
+			if len(pings) == 1 {
+				// The second request goes while the first PING is out.
+				time.AfterFunc(5*time.Millisecond, wake.Wake)
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}
+		time.AfterFunc(time.Second, wake.Wake)
+		ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
+		defer cancel()
+		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
+			Interval: 250 * time.Millisecond, IdleInterval: 5 * time.Second, Seed: time.Millisecond,
+			Busy: func() bool { return false }, Waker: wake, Ping: ping,
+		})
+		require.Len(t, pings, 2, "the first request's PING, then one for the request sent while it was out, then idle: %v", pings)
+		assert.Equal(t, time.Second, pings[0])
+		assert.InDelta(t, float64(time.Second+10*time.Millisecond+250*time.Millisecond), float64(pings[1]), float64(25*time.Millisecond),
+			"the second PING goes 250ms (±10%) after the first was answered")
 	})
 }
 
@@ -289,7 +319,7 @@ func TestPingLoopWakeRateBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := 0
 		ping := func(ctx context.Context) error { n++; return nil }
-		wake := make(chan struct{}, 1)
+		wake := endpoint.NewWaker()
 		stop := make(chan struct{})
 		go func() {
 			for {
@@ -298,17 +328,14 @@ func TestPingLoopWakeRateBound(t *testing.T) {
 					return
 				case <-time.After(10 * time.Millisecond):
 				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
+				wake.Wake()
 			}
 		}()
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second+time.Millisecond)
 		defer cancel()
 		endpoint.RunPingLoopWith(ctx, endpoint.PingLoopHooks{
 			Interval: 250 * time.Millisecond, IdleInterval: time.Hour, Seed: time.Millisecond,
-			Busy: func() bool { return false }, Wake: wake, Ping: ping,
+			Busy: func() bool { return false }, Waker: wake, Ping: ping,
 		})
 		close(stop)
 		assert.InDelta(t, 9, n, 1, "a request every 10ms for 2s: a PING per 250ms")
