@@ -49,6 +49,9 @@ type connPool struct {
 	// hold makes new requests fail at once for a while after a dial that
 	// tried every endpoint failed.
 	hold endpoint.Holdoff
+	// wakes: the prober holds a connection to each endpoint, whose PINGs
+	// each request wakes (clientConn.wake).
+	wakes bool
 
 	// mu guards the fields below and the clientConns' fields it names.
 	// Lock order: mu, then the registry's lock; mu is not held while
@@ -66,6 +69,12 @@ type clientConn struct {
 	conn net.Conn // for httptrace.GotConnInfo
 	used atomic.Bool
 	p    *connPool
+	// wake, if set, is the trace whose WroteHeaders each request calls
+	// once its header block was written (see traceWrites): the held
+	// connection of its server is PINGed soon and while it waits
+	// (endpoint.Registry.Wake). Nil unless the prober holds connections
+	// (endpoint.ProbeHeld).
+	wake *httptrace.ClientTrace
 	// Guarded by p.mu.
 	retiring     bool
 	closedByPool bool
@@ -104,6 +113,7 @@ func newConnPool(ctx context.Context, pool *upstream.Pool, d *endpoint.Dialer, t
 		log:     log,
 		m:       m,
 		dialing: make(map[string]*dialCall),
+		wakes:   prober != nil && prober.Mode == endpoint.ProbeHeld,
 	}
 	p.conns = endpoint.NewRegistry[*clientConn](endpoint.RegistryConfig{
 		Healthy:       pool.Healthy,
@@ -261,9 +271,6 @@ func (p *connPool) reserveConn(c *clientConn) bool {
 			c.cc.Release()
 			return false
 		}
-		// A request goes out: the held connection of its server is
-		// PINGed soon and while it waits (endpoint.Registry.Busy).
-		p.conns.Wake(c.addr)
 		return true
 	}
 	if c.cc.Err() != nil || c.cc.InFlight() == 0 {
@@ -296,6 +303,10 @@ func (p *connPool) dial(first string, cands []string, all bool, round, mark uint
 	gone := false
 	if err == nil {
 		c = &clientConn{cc: cc, addr: plan.addr, conn: plan.conn, p: p}
+		if p.wakes {
+			addr := plan.addr
+			c.wake = &httptrace.ClientTrace{WroteHeaders: func() { p.conns.Wake(addr) }}
+		}
 		gone = !p.conns.Add(plan.addr, c, mark)
 	}
 	switch {

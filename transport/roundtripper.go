@@ -78,7 +78,7 @@ func (rt *failoverRoundTripper) RoundTrip(req *http.Request) (*http.Response, er
 			req = req.Clone(req.Context())
 			req.Header.Set("Alt-Used", c.addr)
 		}
-		send, wrote := traceWrites(req)
+		send, wrote := traceWrites(req, c.wake)
 		resp, err := c.cc.RoundTrip(send)
 		reason := ""
 		if err == nil {
@@ -187,10 +187,11 @@ func isUnprocessed(err error, wrote func() bool) bool {
 	return g != nil && err == g
 }
 
-// traceWrites returns req to send for a request that is not idempotent,
-// with an httptrace hook noting whether any of its header block was written,
-// and a function that reports it. Idempotent requests are returned as they
-// are, and wrote is nil: they are retried whatever happened.
+// traceWrites returns req to send with an httptrace hook on its header
+// block being written: it calls wake's WroteHeaders (if wake is set), and
+// for a request that is not idempotent notes the write, reported by wrote. Idempotent
+// requests get wrote nil: they are retried whatever happened. With
+// neither to do, req is returned as it is.
 //
 // net/http calls WroteHeaders once the whole header block has been handed
 // to the connection (HTTP/2: the HEADERS frames written, even if that
@@ -198,15 +199,36 @@ func isUnprocessed(err error, wrote func() bool) bool {
 // a server cannot have a complete request, so it cannot have processed it.
 // On every error path that returns without the context being done, the
 // request's writer has finished before RoundTrip returns.
-func traceWrites(req *http.Request) (send *http.Request, wrote func() bool) {
+//
+// wake wakes the held connection of the request's server
+// (clientConn.wake) after the write, not before: a PING that goes on that
+// wake follows the request, so a server that froze before it read the
+// request leaves the PING unanswered. wake is shared by the requests of a
+// connection: a request that carries no trace of its own gets it as it
+// is (WithClientTrace changes a trace only to compose it with one the
+// context has), others a trace of their own.
+func traceWrites(req *http.Request, wake *httptrace.ClientTrace) (send *http.Request, wrote func() bool) {
 	if idempotent(req) || !replayable(req) {
-		return req, nil
+		switch {
+		case wake == nil:
+			return req, nil
+		case httptrace.ContextClientTrace(req.Context()) == nil:
+			return req.WithContext(httptrace.WithClientTrace(req.Context(), wake)), nil
+		}
+		return withWroteHeaders(req, wake.WroteHeaders), nil
 	}
 	var w atomic.Bool
-	ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		WroteHeaders: func() { w.Store(true) },
-	})
-	return req.WithContext(ctx), w.Load
+	hook := func() { w.Store(true) }
+	if wake != nil {
+		hook = func() { w.Store(true); wake.WroteHeaders() }
+	}
+	return withWroteHeaders(req, hook), w.Load
+}
+
+// withWroteHeaders returns req with hook as its trace's WroteHeaders, on
+// top of any trace req already has.
+func withWroteHeaders(req *http.Request, hook func()) *http.Request {
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{WroteHeaders: hook}))
 }
 
 // idempotent reports whether repeating req cannot change the outcome: the

@@ -658,9 +658,10 @@ type pingLoop struct {
 // otherwise every idleInterval (unusedInterval with no connection); a
 // wake during an idle wait brings the next PING forward to interval after
 // the last one (at once if that has passed), and a request sent since the
-// last PING went keeps the loop busy for one more (see waker). Each PING has two deadlines: the timeout of rtt, past which it
-// is reported late (see late), and a confirmation timeout past which the
-// connection counts as lost (see confirmTimeout).
+// last PING went keeps the loop busy for one more (see waker). Each PING
+// has two deadlines: the timeout of rtt, past which it is reported late
+// (see late), and a confirmation timeout past which the connection counts
+// as lost (see confirmTimeout).
 func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 	t := time.NewTimer(l.next())
 	defer t.Stop()
@@ -850,8 +851,9 @@ func (p *Prober) Forget(addr string) {
 // Wake tells the held connection of addr (ProbeHeld), if any, that addr
 // may have come into use (see InUse), so that its PINGs go every
 // PingInterval from now on rather than from its next idle PING: at least
-// one PING goes after each Wake. It does not block, and does nothing on
-// a nil Prober.
+// one PING goes after each Wake. Call it once a request's bytes were
+// written, so that the PING follows the request. It does not block, and
+// does nothing on a nil Prober.
 func (p *Prober) Wake(addr string) {
 	if p == nil {
 		return
@@ -877,11 +879,11 @@ type waker struct {
 	// asked is set by each request and cleared as a PING goes. The loop
 	// that asks whether to go idle after a PING (pingLoop.next) stays
 	// busy for one more PING while it is set: the Busy it asks as well
-	// cannot see every request. Wake comes before the request's bytes
-	// are written, and the kernel's data clocks count in jiffies, so a
-	// request sent in the same jiffy as the last answer came looks
-	// answered. Without asked, a request sent to a server that froze
-	// while a PING was out went unwatched until the idle PING, 5s on.
+	// cannot see every request, since the kernel's data clocks count in
+	// jiffies and a request sent in the same jiffy as the last answer
+	// came looks answered. Without asked, a request sent to a server
+	// that froze while a PING was out went unwatched until the idle
+	// PING, 5s on.
 	asked atomic.Bool
 }
 
@@ -920,7 +922,7 @@ func (w *waker) setAwake(v bool) {
 }
 
 // pinged clears asked as a PING goes: that PING follows every request
-// sent so far.
+// whose Wake came so far (a caller wakes once the request was written).
 func (w *waker) pinged() {
 	if w != nil && w.asked.Load() {
 		w.asked.Store(false)

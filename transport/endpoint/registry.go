@@ -224,7 +224,7 @@ func sinceData[C Conn](c C) (sent, recv time.Duration, ok bool) {
 }
 
 // Wake tells the Prober (RegistryConfig.Prober), if any, that a request
-// was just sent to addr: its held connection is PINGed soon, and then
+// was just written to addr: its held connection is PINGed soon, and then
 // while addr is busy (see Busy). Call it without holding locks the
 // Prober could wait on; it does not block.
 func (r *Registry[C]) Wake(addr string) { r.cfg.Prober.Wake(addr) }
