@@ -6,6 +6,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,4 +204,82 @@ func TestLoopAcceptsTheRestAfterABatch(t *testing.T) {
 	for c := range conns {
 		c.Close()
 	}
+}
+
+// The proxy's own listening socket is watched by the loop's epoll alone:
+// Go's network poller, which watches every socket Go made, woke a thread
+// of its at each accept's edge for nothing. The socket is closed when Run
+// returns.
+func TestLoopListenerIsOutOfGosPoller(t *testing.T) {
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}})
+	addr := r.addr()
+	ino := listeningInode(t, addr)
+	require.NotZero(t, ino, "no listening socket on %s", addr)
+	assert.Equal(t, 1, epollsWatching(t, ino), "epoll instances watching the listening socket")
+	c := dial(t, addr)
+	require.NoError(t, roundTrip(c, "accepted on the loop"))
+	c.Close()
+	require.NoError(t, r.stop())
+	assert.Zero(t, listeningInode(t, addr), "the listening socket outlived Run")
+	assert.Zero(t, epollsWatching(t, ino))
+}
+
+// listeningInode is the inode of this process's listening TCP socket
+// bound to addr, 0 if it has none.
+func listeningInode(t *testing.T, addr string) uint64 {
+	t.Helper()
+	want, err := net.ResolveTCPAddr("tcp", addr)
+	require.NoError(t, err)
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if link, _ := os.Readlink("/proc/self/fd/" + e.Name()); !strings.HasPrefix(link, "socket:") {
+			continue
+		}
+		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
+			continue
+		}
+		sa, err := unix.Getsockname(fd)
+		if err != nil {
+			continue
+		}
+		if a, ok := sa.(*unix.SockaddrInet4); ok && a.Port == want.Port && net.IP(a.Addr[:]).Equal(want.IP) {
+			var st unix.Stat_t
+			if unix.Fstat(fd, &st) == nil {
+				return st.Ino
+			}
+		}
+	}
+	return 0
+}
+
+// epollsWatching counts this process's epoll instances that watch the
+// file of inode ino (their fdinfo's "tfd:" lines name each watched
+// file's inode in hex).
+func epollsWatching(t *testing.T, ino uint64) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range entries {
+		if link, _ := os.Readlink("/proc/self/fd/" + e.Name()); link != "anon_inode:[eventpoll]" {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if strings.HasPrefix(line, "tfd:") && slices.Contains(strings.Fields(line), "ino:"+strconv.FormatUint(ino, 16)) {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }

@@ -22,9 +22,9 @@ type (
 	loopListener struct{}
 )
 
-func (p *Proxy) acceptOnLoop(net.Listener) bool { return false }
-func (p *Proxy) unloopListeners()               {}
-func (c *conn) closeDial(*loopDial)             {}
+func (p *Proxy) acceptOnLoop(ln net.Listener) (net.Listener, bool) { return ln, false }
+func (p *Proxy) unloopListeners()                                  {}
+func (c *conn) closeDial(*loopDial)                                {}
 
 // setNoDelay: the listener's sockets are accepted by Go, which sets
 // TCP_NODELAY on each.

@@ -268,8 +268,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.connCtx = connCtx
 	var loops sync.WaitGroup
 	p.accepting.Store(int32(len(lns)))
-	for _, ln := range lns {
-		if p.acceptOnLoop(ln) {
+	for i, ln := range lns {
+		if s, ok := p.acceptOnLoop(ln); ok {
+			lns[i] = s
 			continue
 		}
 		loops.Go(func() { p.acceptLoop(ctx, ln) })
