@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -242,7 +244,7 @@ func (l *loopListener) acceptAll() {
 			p.poll.at(&l.timer, at)
 			return
 		}
-		fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, remote, err := acceptRaw(l.fd)
 		switch err {
 		case nil:
 		case unix.EAGAIN:
@@ -259,7 +261,7 @@ func (l *loopListener) acceptAll() {
 			p.acceptFailing.Delete(l.ln)
 			l.delay = 0
 		}
-		p.takeLoopConn(l, fd, sa)
+		p.takeLoopConn(l, fd, remote)
 	}
 }
 
@@ -267,18 +269,16 @@ func (l *loopListener) acceptAll() {
 // before it turns to its other events.
 var acceptBatch = 64
 
-// takeLoopConn starts serving fd, a client connection accepted on l.
-func (p *Proxy) takeLoopConn(l *loopListener, fd int, sa unix.Sockaddr) {
-	remote := tcpAddrOf(sa)
+// takeLoopConn starts serving fd, a client connection from remote
+// accepted on l.
+func (p *Proxy) takeLoopConn(l *loopListener, fd int, remote *net.TCPAddr) {
 	if !p.admit(remote) {
 		unix.Close(fd)
 		return
 	}
 	c := &conn{p: p, tuned: true, raddr: remote, laddr: l.local}
 	if c.laddr == nil {
-		if lsa, err := unix.Getsockname(fd); err == nil {
-			c.laddr = tcpAddrOf(lsa)
-		}
+		c.laddr = localAddrRaw(fd)
 	}
 	if !l.tuned {
 		if err := tuneClientFD(fd, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
@@ -311,21 +311,57 @@ func setNoDelayFD(fd int) error {
 	return nil
 }
 
-// tcpAddrOf is a socket address as Go's accept reports it.
-func tcpAddrOf(sa unix.Sockaddr) *net.TCPAddr {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return &net.TCPAddr{IP: net.IP(sa.Addr[:]).To16(), Port: sa.Port}
-	case *unix.SockaddrInet6:
-		a := &net.TCPAddr{IP: net.IP(sa.Addr[:]), Port: sa.Port}
-		if sa.ZoneId != 0 {
-			if ifi, err := net.InterfaceByIndex(int(sa.ZoneId)); err == nil {
+// acceptRaw accepts a connection on the listening socket fd,
+// non-blocking and close-on-exec, and gives its peer's address. Not
+// unix.Accept4: its address conversion asks the listener's protocol
+// (getsockopt SO_PROTOCOL, to tell L2TP sockets apart) at every accept,
+// a system call per connection.
+func acceptRaw(fd int) (int, *net.TCPAddr, error) {
+	var rsa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	nfd, _, errno := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+	if errno != 0 {
+		return -1, nil, errno
+	}
+	return int(nfd), tcpAddrOf(&rsa), nil
+}
+
+// localAddrRaw is the local address of the socket fd (getsockname), nil
+// if unknown; unix.Getsockname asks the protocol too (acceptRaw).
+func localAddrRaw(fd int) *net.TCPAddr {
+	var rsa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	if _, _, errno := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n))); errno != 0 {
+		return nil
+	}
+	return tcpAddrOf(&rsa)
+}
+
+// tcpAddrOf is a socket address as Go's accept reports it: an IPv4
+// address in its 16-byte form, an IPv6 one with its zone's name; empty
+// for another family.
+func tcpAddrOf(rsa *unix.RawSockaddrAny) *net.TCPAddr {
+	switch rsa.Addr.Family {
+	case unix.AF_INET:
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
+		return &net.TCPAddr{IP: net.IP(sa.Addr[:]).To16(), Port: netPort(sa.Port)}
+	case unix.AF_INET6:
+		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
+		a := &net.TCPAddr{IP: slices.Clone(net.IP(sa.Addr[:])), Port: netPort(sa.Port)}
+		if sa.Scope_id != 0 {
+			if ifi, err := net.InterfaceByIndex(int(sa.Scope_id)); err == nil {
 				a.Zone = ifi.Name
 			}
 		}
 		return a
 	}
 	return &net.TCPAddr{}
+}
+
+// netPort is a port in network byte order, as a sockaddr holds it.
+func netPort(p uint16) int {
+	b := (*[2]byte)(unsafe.Pointer(&p))
+	return int(b[0])<<8 | int(b[1])
 }
 
 // loopDial is a connection's dial on the loop, guarded by conn.mu: set

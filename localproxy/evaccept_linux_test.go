@@ -283,3 +283,40 @@ func epollsWatching(t *testing.T, ino uint64) int {
 	}
 	return n
 }
+
+// The loop's accept reports both addresses of each client connection as
+// Go's would: the client's, and the one it reached (asked of the socket
+// when the listener's IP is unspecified), over IPv4, IPv6 and IPv4 on a
+// dual-stack listener.
+func TestLoopAcceptReportsTheAddresses(t *testing.T) {
+	for _, tc := range []struct{ listen, dial string }{
+		{"127.0.0.1:0", "127.0.0.1"},
+		{"0.0.0.0:0", "127.0.0.1"},
+		{"[::1]:0", "::1"},
+		{"[::]:0", "127.0.0.1"},
+		{"[::]:0", "::1"},
+	} {
+		t.Run(tc.listen+" from "+tc.dial, func(t *testing.T) {
+			if probe, err := net.Listen("tcp", tc.listen); err != nil {
+				t.Skipf("cannot listen on %s here: %v", tc.listen, err)
+			} else {
+				probe.Close()
+			}
+			echo := newEcho(t)
+			r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, ListenAddresses: []string{tc.listen}})
+			_, port, err := net.SplitHostPort(r.addr())
+			require.NoError(t, err)
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(tc.dial, port), 5*time.Second)
+			if err != nil {
+				t.Skipf("cannot reach %s here: %v", tc.dial, err)
+			}
+			t.Cleanup(func() { c.Close() })
+			require.NoError(t, roundTrip(c, "addresses"))
+			ends := r.CopyEnds()
+			require.Len(t, ends, 1)
+			assert.True(t, ends[0].OnLoop, "not accepted on the loop")
+			assert.Equal(t, c.LocalAddr().String(), ends[0].ClientAddr.String(), "the client's address")
+			assert.Equal(t, c.RemoteAddr().String(), ends[0].ClientLocal.String(), "the address the client reached")
+		})
+	}
+}
