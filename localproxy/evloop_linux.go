@@ -504,9 +504,18 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 		}
 		if e.eof {
 			e.ended = true
-			if err := unix.Shutdown(dst, unix.SHUT_WR); err != nil {
-				s.err = fdError("shutdown", c, 1-side, err)
-				return s
+			// With the other direction ended by its EOF too, this is
+			// c's last step, and the close that follows at once sends
+			// dst its FIN (nothing is left unread on it): a shutdown
+			// first would be one more system call per connection, and
+			// fail on a client that reset meanwhile (a TLS client that
+			// closed with the server's close_notify unread), which
+			// made a normal end an error.
+			if c.dirs[1-side].state != dirDone || c.halves.Load() != 1 {
+				if err := unix.Shutdown(dst, unix.SHUT_WR); err != nil {
+					s.err = fdError("shutdown", c, 1-side, err)
+					return s
+				}
 			}
 			// Done under c.mu, so that close, which ends the parked
 			// directions and finishes c, and this agree on who finishes.
