@@ -94,7 +94,7 @@ func TestLoopKeepsAnEndThatCameWhileTheReaderWasFull(t *testing.T) {
 			sent <- fillThenEnd(t, c, c.RemoteAddr(), c.LocalAddr())
 			io.Copy(io.Discard, c)
 		})
-		r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+		r := start(t, stalledForLong(srv.addr()))
 		d := net.Dialer{Control: smallRcvBuf}
 		c, err := d.Dial("tcp", r.addr())
 		require.NoError(t, err)
@@ -116,7 +116,7 @@ func TestLoopKeepsAnEndThatCameWhileTheReaderWasFull(t *testing.T) {
 			readAllAfterEnd(t, c, <-sent)
 			close(read)
 		})
-		r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}})
+		r := start(t, stalledForLong(srv.addr()))
 		c := dial(t, r.addr()).(*net.TCPConn)
 		require.Eventually(t, func() bool { return len(r.CopyEnds()) == 1 }, 10*time.Second, 10*time.Millisecond)
 		require.True(t, r.CopyEnds()[0].OnLoop, "the connection is not on the loop")
@@ -124,6 +124,15 @@ func TestLoopKeepsAnEndThatCameWhileTheReaderWasFull(t *testing.T) {
 		sent <- fillThenEnd(t, c, c.RemoteAddr(), c.LocalAddr())
 		<-read
 	})
+}
+
+// stalledForLong is the Config of a proxy to endpoint whose reader is
+// kept full on purpose, for as long as fillThenEnd takes (3-5s on an idle
+// machine, over 10s on a loaded one): with no TCP_USER_TIMEOUT, which
+// counts a window kept shut (Linux 5.11 and later), and after 10s, the
+// default, has the kernel drop the socket the proxy cannot write to.
+func stalledForLong(endpoint string) localproxy.Config {
+	return localproxy.Config{Endpoints: []string{endpoint}, UserTimeout: -1, UpstreamUserTimeout: -1}
 }
 
 // fillThenEnd sends on w until the proxy, which reads w's bytes from its
