@@ -189,9 +189,9 @@ func isUnprocessed(err error, wrote func() bool) bool {
 
 // traceWrites returns req to send with an httptrace hook on its header
 // block being written: it calls wake's WroteHeaders (if wake is set), and
-// for a request that is not idempotent notes the write, reported by wrote. Idempotent
-// requests get wrote nil: they are retried whatever happened. With
-// neither to do, req is returned as it is.
+// for a request that is not idempotent notes the write, reported by
+// wrote. Idempotent requests get wrote nil: they are retried whatever
+// happened. With neither to do, req is returned as it is.
 //
 // net/http calls WroteHeaders once the whole header block has been handed
 // to the connection (HTTP/2: the HEADERS frames written, even if that
@@ -201,9 +201,12 @@ func isUnprocessed(err error, wrote func() bool) bool {
 // request's writer has finished before RoundTrip returns.
 //
 // wake wakes the held connection of the request's server
-// (clientConn.wake) after the write, not before: a PING that goes on that
-// wake follows the request, so a server that froze before it read the
-// request leaves the PING unanswered. wake is shared by the requests of a
+// (clientConn.wake) after the write, not before: over HTTP/2 a PING that
+// goes on that wake is sent after the request, so a server that froze
+// before it read the request leaves the PING unanswered. Over HTTP/1.1
+// (a server that does not speak HTTP/2) the header block is only
+// buffered then, and written once the body is, at once for a request
+// without one: a PING can still go first there, by that long. wake is shared by the requests of a
 // connection: a request that carries no trace of its own gets it as it
 // is (WithClientTrace changes a trace only to compose it with one the
 // context has), others a trace of their own.

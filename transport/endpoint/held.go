@@ -852,8 +852,9 @@ func (p *Prober) Forget(addr string) {
 // may have come into use (see InUse), so that its PINGs go every
 // PingInterval from now on rather than from its next idle PING: at least
 // one PING goes after each Wake. Call it once a request's bytes were
-// written, so that the PING follows the request. It does not block, and
-// does nothing on a nil Prober.
+// written, so that the PING follows the request (the transport does for
+// HTTP/2; see its traceWrites). It does not block, and does nothing on a
+// nil Prober.
 func (p *Prober) Wake(addr string) {
 	if p == nil {
 		return
