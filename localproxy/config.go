@@ -224,6 +224,9 @@ type Config struct {
 	KeepAlive time.Duration
 	// UserTimeout is TCP_USER_TIMEOUT of client connections (Linux). If
 	// zero, DefaultUserTimeout (10s). If negative, the system default.
+	// Since Linux 5.11 it counts a window the peer keeps shut too: a
+	// client that stops reading for that long while the proxy holds data
+	// for it loses its connection, as a dead one does.
 	UserTimeout time.Duration
 	// FirstByteTimeout is the floor of the first-byte deadline. An
 	// upstream that sends nothing by the deadline after the client's first
