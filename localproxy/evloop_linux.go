@@ -125,9 +125,10 @@ const (
 // controlGap of the last bytes passed back (an answer's, or a watch's
 // events) is taken for a control frame; window updates read together
 // (96-240 bytes in that client's case), or sent 1ms or more after the
-// bytes (a busy or throttled client), for a request, and the answer's next bytes then count as an
-// answer in time; a PING, a stream's reset or a GOAWAY of the client's
-// own, sent 1ms or more after bytes passed back, for a request too. A
+// bytes (a busy or throttled client), for a request, and the answer's
+// next bytes then count as an answer in time; a PING, a stream's reset
+// or a GOAWAY of the client's own, sent 1ms or more after bytes passed
+// back, for a request too. A
 // small write after a request, before any bytes are passed back, goes
 // with the requests. The client's clock counts the last request before
 // the bytes passed back, so that a late window update does not make a

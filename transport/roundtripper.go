@@ -206,10 +206,11 @@ func isUnprocessed(err error, wrote func() bool) bool {
 // before it read the request leaves the PING unanswered. Over HTTP/1.1
 // (a server that does not speak HTTP/2) the header block is only
 // buffered then, and written once the body is, at once for a request
-// without one: a PING can still go first there, by that long. wake is shared by the requests of a
-// connection: a request that carries no trace of its own gets it as it
-// is (WithClientTrace changes a trace only to compose it with one the
-// context has), others a trace of their own.
+// without one: a PING can still go first there, by that long. wake is
+// shared by the requests of a connection: a request that carries no
+// trace of its own gets it as it is (WithClientTrace changes a trace
+// only to compose it with one the context has), others a trace of their
+// own.
 func traceWrites(req *http.Request, wake *httptrace.ClientTrace) (send *http.Request, wrote func() bool) {
 	if idempotent(req) || !replayable(req) {
 		switch {
