@@ -331,7 +331,7 @@ func acceptRaw(fd int) (int, *net.TCPAddr, error) {
 func localAddrRaw(fd int) *net.TCPAddr {
 	var rsa unix.RawSockaddrAny
 	n := uint32(unix.SizeofSockaddrAny)
-	if _, _, errno := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n))); errno != 0 {
+	if _, _, errno := unix.Syscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n))); errno != 0 {
 		return nil
 	}
 	return tcpAddrOf(&rsa)
