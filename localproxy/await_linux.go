@@ -749,22 +749,32 @@ func (p *poller) ctl(rc syscall.RawConn, op func(epfd, fd int) error) error {
 	return err
 }
 
-// register adds fd, a socket of a loop connection, to the epoll set for
-// reading (urgent data too) and writing, edge triggered, under key. A socket that is
-// ready already is reported at once.
-func (p *poller) register(fd int, key uint64) error {
-	return p.addFD(fd, key, unix.EPOLLIN|unix.EPOLLPRI|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET)
+// loopEvents are what the poller watches a loop connection's socket
+// for: readable (urgent data too), ended, writable; edge triggered.
+const loopEvents = unix.EPOLLIN | unix.EPOLLPRI | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+
+// addFD adds fd to the epoll set for events, under key. A socket ready
+// for one of them is reported at once.
+func (p *poller) addFD(fd int, key uint64, events uint32) error {
+	return p.ctlFD(unix.EPOLL_CTL_ADD, fd, key, events)
 }
 
-// addFD adds fd to the epoll set for events, under key.
-func (p *poller) addFD(fd int, key uint64, events uint32) error {
+// modFD sets the events fd, in the epoll set under key, is watched for.
+// A socket ready for one of them is reported at once.
+func (p *poller) modFD(fd int, key uint64, events uint32) error {
+	return p.ctlFD(unix.EPOLL_CTL_MOD, fd, key, events)
+}
+
+// ctlFD is epoll_ctl op of fd for events under key, while the poller is
+// open.
+func (p *poller) ctlFD(op, fd int, key uint64, events uint32) error {
 	ev := unix.EpollEvent{Events: events, Fd: int32(uint32(key)), Pad: int32(uint32(key >> 32))}
 	p.fds.RLock()
 	defer p.fds.RUnlock()
 	if p.closed {
 		return errors.New("poller closed")
 	}
-	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := unix.EpollCtl(p.epfd, op, fd, &ev); err != nil {
 		return os.NewSyscallError("epoll_ctl", err)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -522,7 +523,7 @@ func (c *conn) startOneLocked(now time.Time, end *dialEnd) {
 			t.id = c.p.poll.add(c)
 		}
 		d.started = true
-		if err := c.p.poll.register(fd, t.id<<1|1); err != nil {
+		if err := c.p.poll.addFD(fd, t.id<<1|1, loopEvents); err != nil {
 			c.closeTry(t)
 			c.tryFailedLocked(d, t, err, now, end)
 			continue
@@ -608,8 +609,15 @@ func (c *conn) onKey(key uint64, events uint32) {
 			return
 		}
 	}
+	if f := loopEvent.Load(); f != nil {
+		(*f)(c, int(key&1), events)
+	}
 	c.onEvent(int(key&1), events)
 }
+
+// loopEvent, if set (tests), sees each event of a copying connection's
+// sockets, on the poller's goroutine.
+var loopEvent atomic.Pointer[func(c *conn, sock int, events uint32)]
 
 // onDialEvent handles an event of the attempt keyed id: it connected,
 // unless the event says it failed.
@@ -648,10 +656,17 @@ func (c *conn) onDialEvent(id uint64, events uint32) {
 	}
 	c.wonLocked(i, now, &end)
 	c.mu.Unlock()
-	if c.dialEnded(end) && events&^unix.EPOLLOUT != 0 {
+	if !c.dialEnded(end) {
+		return
+	}
+	if events&^unix.EPOLLOUT != 0 {
 		// The same edge may carry data or the upstream's end.
 		c.onEvent(1, events)
 	}
+	// The client's first bytes (a TLS ClientHello) most likely came
+	// while the upstream connected: read at once, as the edge of its
+	// registration would have the loop do after one more wait.
+	c.step(toUpstream, stepReadable)
 }
 
 // dialTimer is the dial's timer: attempts past AttemptTimeout fail and
@@ -839,7 +854,11 @@ func (c *conn) startLoop() bool {
 		c.dirs[side].c, c.dirs[side].side = c, side
 		c.dirs[side].state = dirParked
 	}
-	err := p.poll.register(c.ev.fds[0], c.id<<1)
+	// Not watched for writes until a write fills its buffer (quietOut):
+	// the client's first bytes, read at once (onDialEvent), or their
+	// edge, wake the loop, not a new socket's room.
+	c.ev.quietOut = true
+	err := p.poll.addFD(c.ev.fds[0], c.id<<1, loopEvents&^unix.EPOLLOUT)
 	c.mu.Unlock()
 	if err != nil {
 		p.log.V(2).Info("closing the connection: the poller refused it", "client", c.clientName(), "err", err.Error())

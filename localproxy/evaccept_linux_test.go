@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -231,6 +232,29 @@ func listeningInode(t *testing.T, addr string) uint64 {
 	t.Helper()
 	want, err := net.ResolveTCPAddr("tcp", addr)
 	require.NoError(t, err)
+	return socketInode(t, func(fd int) bool {
+		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
+			return false
+		}
+		sa, err := unix.Getsockname(fd)
+		return err == nil && isAddr(sa, want)
+	})
+}
+
+// peerSocketInode is the inode of this process's TCP socket whose peer is
+// addr, 0 if it has none.
+func peerSocketInode(t *testing.T, addr net.Addr) uint64 {
+	t.Helper()
+	return socketInode(t, func(fd int) bool {
+		sa, err := unix.Getpeername(fd)
+		return err == nil && isAddr(sa, addr.(*net.TCPAddr))
+	})
+}
+
+// socketInode is the inode of this process's first socket that match
+// takes, 0 if none.
+func socketInode(t *testing.T, match func(fd int) bool) uint64 {
+	t.Helper()
 	entries, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	for _, e := range entries {
@@ -238,34 +262,44 @@ func listeningInode(t *testing.T, addr string) uint64 {
 		if err != nil {
 			continue
 		}
-		if link, _ := os.Readlink("/proc/self/fd/" + e.Name()); !strings.HasPrefix(link, "socket:") {
+		if link, _ := os.Readlink("/proc/self/fd/" + e.Name()); !strings.HasPrefix(link, "socket:") || !match(fd) {
 			continue
 		}
-		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
-			continue
-		}
-		sa, err := unix.Getsockname(fd)
-		if err != nil {
-			continue
-		}
-		if a, ok := sa.(*unix.SockaddrInet4); ok && a.Port == want.Port && net.IP(a.Addr[:]).Equal(want.IP) {
-			var st unix.Stat_t
-			if unix.Fstat(fd, &st) == nil {
-				return st.Ino
-			}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil {
+			return st.Ino
 		}
 	}
 	return 0
 }
 
+// isAddr: sa is the IPv4 address a.
+func isAddr(sa unix.Sockaddr, a *net.TCPAddr) bool {
+	s4, ok := sa.(*unix.SockaddrInet4)
+	return ok && s4.Port == a.Port && net.IP(s4.Addr[:]).Equal(a.IP)
+}
+
 // epollsWatching counts this process's epoll instances that watch the
-// file of inode ino (their fdinfo's "tfd:" lines name each watched
-// file's inode in hex).
-func epollsWatching(t *testing.T, ino uint64) int {
+// file of inode ino.
+func epollsWatching(t *testing.T, ino uint64) int { return len(epollWatches(t, ino)) }
+
+// epollEvents is the events an epoll instance of this process watches
+// the file of inode ino for, 0 if none watches it.
+func epollEvents(t *testing.T, ino uint64) uint32 {
+	if w := epollWatches(t, ino); len(w) > 0 {
+		return w[0]
+	}
+	return 0
+}
+
+// epollWatches is the events each of this process's epoll instances that
+// watch the file of inode ino watches it for (their fdinfo's "tfd:" lines
+// name each watched file's inode and events in hex).
+func epollWatches(t *testing.T, ino uint64) []uint32 {
 	t.Helper()
 	entries, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
-	n := 0
+	var out []uint32
 	for _, e := range entries {
 		if link, _ := os.Readlink("/proc/self/fd/" + e.Name()); link != "anon_inode:[eventpoll]" {
 			continue
@@ -275,13 +309,17 @@ func epollsWatching(t *testing.T, ino uint64) int {
 			continue
 		}
 		for _, line := range strings.Split(string(info), "\n") {
-			if strings.HasPrefix(line, "tfd:") && slices.Contains(strings.Fields(line), "ino:"+strconv.FormatUint(ino, 16)) {
-				n++
-				break
+			f := strings.Fields(line)
+			if len(f) < 4 || f[0] != "tfd:" || f[2] != "events:" || !slices.Contains(f, "ino:"+strconv.FormatUint(ino, 16)) {
+				continue
 			}
+			v, err := strconv.ParseUint(f[3], 16, 32)
+			require.NoError(t, err, "fdinfo line %q", line)
+			out = append(out, uint32(v))
+			break
 		}
 	}
-	return n
+	return out
 }
 
 // The loop's accept reports both addresses of each client connection as
@@ -319,4 +357,72 @@ func TestLoopAcceptReportsTheAddresses(t *testing.T) {
 			assert.Equal(t, c.RemoteAddr().String(), ends[0].ClientLocal.String(), "the address the client reached")
 		})
 	}
+}
+
+// A connection dialed on the loop reads its client's first bytes as soon
+// as its upstream connects, and watches the client's socket for room only
+// once a write to it found it full. So a round trip whose request came
+// while the upstream connected (here past a hung first candidate), and
+// whose answer fits the client's buffer, brings the loop no event of the
+// client's socket; before, the socket's registration, writable and
+// readable at once, cost a wait of the loop for a read that could be made
+// without it.
+func TestLoopReadsTheFirstBytesOnceConnected(t *testing.T) {
+	hung := hungListener(t)
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, StaggerDelay: 100 * time.Millisecond, AttemptTimeout: time.Minute, DialTimeout: time.Minute})
+	require.NoError(t, r.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: hung}}))
+	require.Equal(t, hung, r.Pool().Candidates()[0])
+	var mu sync.Mutex
+	var client, up []uint32
+	defer r.OnLoopEvent(func(sock int, events uint32) {
+		mu.Lock()
+		defer mu.Unlock()
+		if sock == 0 {
+			client = append(client, events)
+		} else {
+			up = append(up, events)
+		}
+	})()
+
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "sent while the upstream connected"))
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, up, "no event of the upstream's socket seen: the test proves nothing")
+	assert.Empty(t, client, "events of the client's socket (%#x)", client)
+}
+
+// A client that stops reading while its answer streams in fills its
+// socket's buffer: the loop watches the socket for room from then on, and
+// the client gets every byte once it reads again.
+func TestLoopWatchesAFullClientForRoom(t *testing.T) {
+	echo := newEcho(t)
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, UserTimeout: -1})
+	c := dial(t, r.addr())
+	require.NoError(t, roundTrip(c, "first"))
+	ino := peerSocketInode(t, c.LocalAddr())
+	require.NotZero(t, ino, "the proxy's socket of the client")
+	before := epollEvents(t, ino)
+	require.NotZero(t, before&unix.EPOLLIN, "the client's socket is not watched: %#x", before)
+	assert.Zero(t, before&unix.EPOLLOUT, "the client's socket is watched for room before it was full: %#x", before)
+
+	const size = 16 << 20
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		wrote <- err
+	}()
+	require.Eventually(t, func() bool { return epollEvents(t, ino)&unix.EPOLLOUT != 0 },
+		10*time.Second, 5*time.Millisecond, "the full client's socket is not watched for room")
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got := make([]byte, size)
+	_, err := io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.NoError(t, <-wrote)
+	assert.True(t, slices.Equal(data, got), "the answer differs")
 }

@@ -46,6 +46,12 @@ type evConn struct {
 	upID uint64
 	// answers times the upstream's answers to the client's requests.
 	answers answerClock
+	// quietOut: the client's socket is in the epoll set without
+	// EPOLLOUT (startLoop), which copyLocked adds (watchOut) the first
+	// time the client's buffer is full. A socket added with it is
+	// reported writable at once, a wakeup of the loop per new
+	// connection for nothing.
+	quietOut bool
 }
 
 // answerClock times a loop connection's answers: from the last bytes
@@ -292,7 +298,7 @@ func (c *conn) toLoop() bool {
 		c.id = p.add(c)
 	}
 	for s, fd := range c.ev.fds {
-		if err := p.register(fd, c.id<<1|uint64(s)); err != nil {
+		if err := p.addFD(fd, c.id<<1|uint64(s), loopEvents); err != nil {
 			c.p.log.V(2).Info("closing the connection: the poller refused it", "client", c.clientName(), "err", err.Error())
 			// Registered or not, the descriptors are closed by close,
 			// which can be called once c.mu is released.
@@ -469,7 +475,8 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 			e.off += w
 			switch {
 			case errno == unix.EAGAIN:
-				return s // on with it when dst is writable
+				s.err = c.watchOut(side) // on with it when dst is writable
+				return s
 			case errno != 0:
 				s.err = fdError("write", c, 1-side, errno)
 				if s.fopen {
@@ -497,6 +504,9 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 		if e.pipe[1] != 0 && !e.eof {
 			var more bool
 			more, s.err = c.splice(side, e, src, dst, &moved, &s.wrote)
+			if s.err == nil && !more && e.piped > 0 {
+				s.err = c.watchOut(side) // dst is full
+			}
 			if s.err != nil || !more {
 				return s
 			}
@@ -558,6 +568,22 @@ func (c *conn) copyLocked(side int, readAll bool) (s stepped) {
 		moved += n
 		readHere = true
 	}
+}
+
+// watchOut makes sure that the poller reports direction side's
+// destination once it is writable: the client's socket, if it is not
+// watched for that yet (evConn.quietOut), is from now on. Under c.mu.
+// The change polls the socket: one that took bytes meanwhile is
+// reported at once.
+func (c *conn) watchOut(side int) error {
+	if side != toClient || !c.ev.quietOut {
+		return nil
+	}
+	if err := c.p.poll.modFD(c.ev.fds[0], c.id<<1, loopEvents); err != nil {
+		return fdError("epoll_ctl", c, 0, err)
+	}
+	c.ev.quietOut = false
+	return nil
 }
 
 // writeFD writes b to fd until it is written or the socket's buffer is

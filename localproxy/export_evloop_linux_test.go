@@ -100,3 +100,16 @@ func SetAcceptBatch(n int) (restore func()) {
 	acceptBatch = n
 	return func() { acceptBatch = old }
 }
+
+// OnLoopEvent calls f, on the poller's goroutine, with each event the
+// loop sees on a socket of one of p's copying connections (sock 0: the
+// client's, 1: the upstream's), until the returned function is called.
+func (p *Proxy) OnLoopEvent(f func(sock int, events uint32)) (restore func()) {
+	h := func(c *conn, sock int, events uint32) {
+		if c.p == p {
+			f(sock, events)
+		}
+	}
+	loopEvent.Store(&h)
+	return func() { loopEvent.Store(nil) }
+}
