@@ -134,9 +134,7 @@ func (p *Pool) rebuildLocked() {
 	for _, e := range p.eps {
 		rs = append(rs, ranked{p.keyLocked(e), e})
 	}
-	byRank := func(a, b ranked) int {
-		return cmp.Or(compareKeys(a.k, b.k), cmp.Compare(a.e.addr, b.e.addr))
-	}
+	byRank := func(a, b ranked) int { return compareRanks(a.k, a.e, b.k, b.e) }
 	slices.SortFunc(rs, byRank)
 	p.order = p.order[:0]
 	for _, r := range rs {
@@ -164,6 +162,34 @@ func (p *Pool) rebuildLocked() {
 			p.cfg.Logger.V(1).Info("preferred endpoint changed", "addr", first, "prev", prev)
 		}
 	}
+}
+
+// compareRanks orders endpoints a and b, of keys ka and kb, as the
+// candidate order does: by key, then by address.
+func compareRanks(ka rankKey, a *endpoint, kb rankKey, b *endpoint) int {
+	return cmp.Or(compareKeys(ka, kb), cmp.Compare(a.addr, b.addr))
+}
+
+// inPlaceLocked reports whether e, whose key alone changed since the
+// order was sorted, still ranks between its neighbours there: sorting
+// again would give the same order.
+func (p *Pool) inPlaceLocked(e *endpoint) bool {
+	i := slices.Index(p.order, e)
+	if i < 0 {
+		return false
+	}
+	k := p.keyLocked(e)
+	if i > 0 {
+		if prev := p.order[i-1]; compareRanks(p.keyLocked(prev), prev, k, e) > 0 {
+			return false
+		}
+	}
+	if i+1 < len(p.order) {
+		if next := p.order[i+1]; compareRanks(k, e, p.keyLocked(next), next) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func hostOf(addr string) string {

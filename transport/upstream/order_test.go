@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -559,4 +561,57 @@ func TestOrderSourceAdded(t *testing.T) {
 	mustSet(t, p, upstream.SourceDiscovery, specs(addrA, addrB, addrC))
 	assert.Equal(t, upstream.SourceStatic|upstream.SourceDiscovery, statusOf(t, p, addrA).Sources)
 	requireOrder(t, p, []string{addrA, addrB, addrC})
+}
+
+// AddWaiting re-sorts the candidate order only when the count moves its
+// endpoint past a neighbour: whatever the endpoints' other keys (zone,
+// static or discovered, health, suspicion), the order after each change
+// is the one a full re-sort gives (forced here by AddStalled with 0, which
+// changes no count).
+func TestAddWaitingOrdersAsAFullSort(t *testing.T) {
+	addrs := []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "10.0.0.4:6443", "10.0.0.5:6443"}
+	moved := 0
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		p := newPool(t, upstream.Config{Zone: "a"})
+		var disc, static []upstream.Spec
+		for _, a := range addrs {
+			s := upstream.Spec{Addr: a, Zone: []string{"a", "a", "b"}[rng.IntN(3)]}
+			if rng.IntN(4) == 0 {
+				static = append(static, s)
+			} else {
+				disc = append(disc, s)
+			}
+		}
+		mustSet(t, p, upstream.SourceDiscovery, disc)
+		mustSet(t, p, upstream.SourceStatic, static)
+		for _, a := range addrs {
+			switch rng.IntN(6) {
+			case 0, 1, 2, 3:
+				p.ReportSuccess(a)
+			case 4:
+				p.ReportSuccess(a)
+				p.ReportFailure(a, upstream.FailureSilent, nil) // suspect
+			}
+		}
+		waiting := map[string]int{}
+		for range 200 {
+			a := addrs[rng.IntN(len(addrs))]
+			n := 1
+			if waiting[a] > 0 && rng.IntN(2) == 0 {
+				n = -1
+			}
+			before := p.Candidates()
+			p.AddWaiting(a, n)
+			waiting[a] += n
+			got := p.Candidates()
+			if !slices.Equal(before, got) {
+				moved++
+			}
+			p.AddStalled(a, 0)
+			require.Equal(t, p.Candidates(), got, "seed %d: the order after AddWaiting(%s, %d), waiting %v", seed, a, n, waiting)
+		}
+	}
+	t.Logf("%d of 4000 changes moved an endpoint", moved)
+	require.Greater(t, moved, 200, "too few changes moved an endpoint: the test proves little")
 }

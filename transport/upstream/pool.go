@@ -412,8 +412,26 @@ func (p *Pool) ReportAnswered(addr string) {
 // stops answering keeps its first silent connection waiting, and the next
 // connection goes to another (least outstanding, as HAProxy's leastconn
 // but counting only what is stuck).
+//
+// Each connection calls it twice, so it re-sorts only when the change
+// moves addr past a neighbour in the order: the count is no key of the
+// preferred endpoint, and the other endpoints' keys are as they were.
 func (p *Pool) AddWaiting(addr string, n int) {
-	p.addRanked(addr, n, func(e *endpoint) *int { return &e.waiting })
+	p.mu.Lock()
+	e, ok := p.eps[addr]
+	if !ok {
+		p.mu.Unlock()
+		return
+	}
+	e.waiting = max(0, e.waiting+n)
+	if !p.dirty && p.inPlaceLocked(e) {
+		p.mu.Unlock()
+		return
+	}
+	p.dirty = true
+	p.rebuildLocked()
+	p.mu.Unlock()
+	p.flush()
 }
 
 // AddStalled adds n (1 or -1) to the connections to addr that have
