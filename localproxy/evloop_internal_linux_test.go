@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -456,4 +457,30 @@ func TestPollerKeepsCopyBuffers(t *testing.T) {
 	require.Same(t, b, p.getBuf())
 	require.Same(t, a, p.getBuf())
 	require.Empty(t, p.bufs)
+}
+
+// The half-open timeout of a connection on a loop that waits in
+// epoll_wait is a timer of the loop's, armed when the first direction
+// ends and disarmed by the last step: a connection that ended normally
+// leaves nothing in the loop's timers (which bound its waits, and would
+// hold the connection for a minute each).
+func TestLoopHalfOpenTimerEndsWithTheConnection(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	_, poll, c := loopConn(t, clientFD, upFD, upstream, false)
+	require.True(t, poll.blocking)
+	require.Positive(t, c.p.cfg.HalfOpenTimeout)
+	c.p.pipes.Add(1) // done by the last step's finish, as for a dialed connection
+
+	require.NoError(t, client.CloseWrite())
+	awaitFD(t, clientFD, unix.POLLIN)
+	c.step(toUpstream, stepEnded)
+	require.Len(t, poll.timers, 1, "no half-open timer on the loop")
+	assert.WithinDuration(t, time.Now().Add(c.p.cfg.HalfOpenTimeout), poll.timers[0].when, 10*time.Second)
+
+	require.NoError(t, upstream.CloseWrite())
+	awaitFD(t, upFD, unix.POLLIN)
+	c.step(toClient, stepEnded)
+	require.True(t, c.isClosed(), "both directions ended: the connection is not closed")
+	assert.Empty(t, poll.timers, "the half-open timer outlived the connection")
 }

@@ -52,6 +52,10 @@ type evConn struct {
 	// reported writable at once, a wakeup of the loop per new
 	// connection for nothing.
 	quietOut bool
+	// halfOpen closes the connection HalfOpenTimeout after its first
+	// direction ended (halfOpenLocked), on a loop that waits in
+	// epoll_wait.
+	halfOpen loopTimer
 }
 
 // answerClock times a loop connection's answers: from the last bytes
@@ -442,18 +446,36 @@ func (c *conn) step(side int, why stepWhy) {
 	}
 	switch {
 	case s.err != nil:
+		poll.stop(&ev.halfOpen)
 		c.close()
 	case s.last:
+		poll.stop(&ev.halfOpen)
 		c.halves.Add(1)
 		c.close()
 		c.finish()
 	case s.ended:
 		if c.halves.Add(1) == 1 && c.p.cfg.HalfOpenTimeout > 0 {
-			c.closeBy(time.Now().Add(c.p.cfg.HalfOpenTimeout))
+			c.halfOpenFor(ev, c.p.cfg.HalfOpenTimeout)
 		}
 	case s.again:
 		poll.again = append(poll.again, loopWork{c, side})
 	}
+}
+
+// halfOpenFor closes c d from now: one of its directions ended. On a
+// loop that waits in epoll_wait, by ev's loop timer, which c's last step
+// disarms; a close from another goroutine leaves it to fire, for
+// nothing. A Go timer (closeBy) cost each new connection an allocation,
+// and the runtime's timer heap, twice. On a loop that waits in Go's
+// poller, whose waits loop timers do not bound, closeBy.
+func (c *conn) halfOpenFor(ev *evConn, d time.Duration) {
+	poll := c.p.poll
+	if !poll.blocking {
+		c.closeBy(time.Now().Add(d))
+		return
+	}
+	ev.halfOpen.fire = func(time.Time) { c.close() }
+	poll.at(&ev.halfOpen, time.Now().Add(d))
 }
 
 // copyLocked is step's copy, under c.mu. A read that did not fill the
