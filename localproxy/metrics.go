@@ -31,6 +31,15 @@ type metrics struct {
 	// zone has one series: the proxy's own zone and where it came from.
 	zone      *prometheus.GaugeVec
 	endpoints *endpoint.EndpointSeries // of dials and dialDuration
+	// dialSeries are each endpoint's dials and dialDuration series, by
+	// result.
+	dialSeries *endpoint.SeriesCache[dialSeries]
+}
+
+// dialSeries are the series of dials to one endpoint with one result.
+type dialSeries struct {
+	n prometheus.Counter
+	d prometheus.Observer
 }
 
 // newMetrics registers the proxy's collectors and the pool's endpoint
@@ -107,6 +116,9 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 	}
 	// The subscription lives as long as the pool: both belong to one Proxy.
 	m.endpoints = endpoint.NewEndpointSeries(pool, m.dials.MetricVec, m.dialDuration.MetricVec, m.failback.MetricVec)
+	m.dialSeries = endpoint.NewSeriesCache(m.endpoints, func(addr, result string) dialSeries {
+		return dialSeries{m.dials.WithLabelValues(addr, result), m.dialDuration.WithLabelValues(addr, result)}
+	})
 	return m, nil
 }
 
@@ -116,9 +128,9 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 	if err != nil {
 		result = "error"
 	}
-	m.dials.WithLabelValues(addr, result).Inc()
-	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
-	m.endpoints.Observed(addr)
+	s := m.dialSeries.Get(addr, result)
+	s.n.Inc()
+	s.d.Observe(d.Seconds())
 }
 
 // failedBack counts a client connection to addr closed by fail-back.

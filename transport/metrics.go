@@ -14,6 +14,8 @@ type metrics struct {
 	dialDuration *prometheus.HistogramVec
 	failovers    *prometheus.CounterVec
 	endpoints    *endpoint.EndpointSeries // of dialDuration
+	// dials are dialDuration's series, by endpoint and result.
+	dials *endpoint.SeriesCache[prometheus.Observer]
 }
 
 // newMetrics registers the transport's collectors and the pool's endpoint
@@ -43,6 +45,9 @@ func newMetrics(reg prometheus.Registerer, pool *upstream.Pool) (*metrics, error
 	// The subscription lives as long as the pool: both belong to one
 	// Failover.
 	m.endpoints = endpoint.NewEndpointSeries(pool, m.dialDuration.MetricVec)
+	m.dials = endpoint.NewSeriesCache(m.endpoints, func(addr, result string) prometheus.Observer {
+		return m.dialDuration.WithLabelValues(addr, result)
+	})
 	return m, nil
 }
 
@@ -54,8 +59,7 @@ func (m *metrics) observeDial(addr string, d time.Duration, err error) {
 	if err != nil {
 		result = "error"
 	}
-	m.dialDuration.WithLabelValues(addr, result).Observe(d.Seconds())
-	m.endpoints.Observed(addr)
+	m.dials.Get(addr, result).Observe(d.Seconds())
 }
 
 func (m *metrics) failover(reason string) {

@@ -1,6 +1,8 @@
 package endpoint
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/apifailover/apifailover/transport/upstream"
@@ -19,6 +21,9 @@ type EndpointSeries struct {
 	pool        *upstream.Pool
 	vecs        []*prometheus.MetricVec
 	unsubscribe func()
+	// caches are the SeriesCaches' forget, told first.
+	mu     sync.Mutex
+	caches []func(addr string)
 }
 
 // NewEndpointSeries watches pool's events and deletes an endpoint's series
@@ -46,6 +51,12 @@ func (s *EndpointSeries) Observed(addr string) {
 }
 
 func (s *EndpointSeries) forget(addr string) {
+	s.mu.Lock()
+	caches := s.caches
+	s.mu.Unlock()
+	for _, f := range caches {
+		f(addr)
+	}
 	for _, v := range s.vecs {
 		v.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
 	}
@@ -53,6 +64,68 @@ func (s *EndpointSeries) forget(addr string) {
 
 // Close stops watching the pool.
 func (s *EndpointSeries) Close() { s.unsubscribe() }
+
+// SeriesCache keeps the series of the endpoints in an EndpointSeries'
+// pool that updates asked for, by endpoint and one more label value: what
+// mk made of them (the vectors' WithLabelValues). Looked up by label
+// values, a series costs a hash of them and the vector's lock at each
+// update; localproxy updates two per connection (its dial's count and
+// duration). An endpoint's entries go with its series, so that one that
+// comes back gets new ones.
+type SeriesCache[T any] struct {
+	s  *EndpointSeries
+	mk func(addr, value string) T
+	mu sync.Mutex
+	m  map[[2]string]T
+}
+
+// NewSeriesCache returns a cache of s's series, made by mk. The vectors
+// mk takes series of must be s's.
+func NewSeriesCache[T any](s *EndpointSeries, mk func(addr, value string) T) *SeriesCache[T] {
+	c := &SeriesCache[T]{s: s, mk: mk, m: make(map[[2]string]T)}
+	s.mu.Lock()
+	s.caches = append(s.caches, c.forget)
+	s.mu.Unlock()
+	return c
+}
+
+// Get returns the series of addr and value. For an endpoint that is not
+// in the pool (a dial that ends as its endpoint is removed), the series
+// mk made are deleted again at once: the caller's update goes to series
+// no longer exported.
+func (c *SeriesCache[T]) Get(addr, value string) T {
+	k := [2]string{addr, value}
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v
+	}
+	v = c.mk(addr, value)
+	// Kept only while addr is in the pool, checked under c.mu: its
+	// removal, which the pool makes before it tells EndpointSeries, is
+	// then either seen here, or followed by forget, which waits for c.mu.
+	c.mu.Lock()
+	in := c.s.pool.Has(addr)
+	if in {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	if !in {
+		c.s.forget(addr)
+	}
+	return v
+}
+
+func (c *SeriesCache[T]) forget(addr string) {
+	c.mu.Lock()
+	for k := range c.m {
+		if k[0] == addr {
+			delete(c.m, k)
+		}
+	}
+	c.mu.Unlock()
+}
 
 // PoolCollector exports the state of every endpoint of a pool, read at
 // scrape time.
