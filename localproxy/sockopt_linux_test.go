@@ -22,7 +22,7 @@ type tcpOpts struct {
 	KeepAlive   bool
 	Idle        int // TCP_KEEPIDLE, seconds
 	Interval    int // TCP_KEEPINTVL, seconds
-	Count       int // TCP_KEEPCNT
+	Count       int // TCP_KEEPCNT, read where TCP_USER_TIMEOUT is not set (the kernel ignores it where it is)
 	UserTimeout int // TCP_USER_TIMEOUT, milliseconds; 0 is the system default
 	NoDelay     bool
 }
@@ -59,12 +59,14 @@ func readTCPOptsFD(fd int) (tcpOpts, error) {
 		return v
 	}
 	o.KeepAlive = get(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE) != 0
+	o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 	if o.KeepAlive {
 		o.Idle = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
 		o.Interval = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
-		o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		if o.UserTimeout == 0 {
+			o.Count = get(fd, unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		}
 	}
-	o.UserTimeout = get(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
 	o.NoDelay = get(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY) != 0
 	return o, gerr
 }
@@ -94,30 +96,36 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			KeepAlive: 7 * time.Second, UserTimeout: 1500 * time.Millisecond,
 			UpstreamKeepAlive: 9 * time.Second, UpstreamUserTimeout: 2500 * time.Millisecond,
 		},
-		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, Count: 3, UserTimeout: 1500, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, Count: 3, UserTimeout: 2500, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, UserTimeout: 1500, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, UserTimeout: 2500, NoDelay: true},
 	}, {
 		// Go's accept turns keepalive on with 15s by itself: the client
 		// side must be retuned to the proxy's defaults.
 		name:     "defaults",
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
 	}, {
 		// The proxy's own listeners hand their options to the sockets
 		// they accept; on a listener of the caller's, Go's accept sets
 		// keepalive (15s) itself, so each connection is tuned after it.
 		name:     "caller's listener",
 		cfg:      localproxy.Config{Listen: plainListen},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
 	}, {
 		// Given to the proxy (as systemd's sockets are): the loop
 		// accepts on it, and tunes each connection itself.
 		name:     "caller's listener, owned",
 		cfg:      localproxy.Config{Listen: plainListen, ListenersOwned: true},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, UserTimeout: 10000, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
 		onLoop:   true,
+	}, {
+		// Without TCP_USER_TIMEOUT, the probes' count ends a connection.
+		name:     "keepalive alone",
+		cfg:      localproxy.Config{UserTimeout: -1, UpstreamUserTimeout: -1},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true},
 	}, {
 		name:     "disabled",
 		cfg:      localproxy.Config{KeepAlive: -1, UserTimeout: -1, UpstreamKeepAlive: -1, UpstreamUserTimeout: -1},

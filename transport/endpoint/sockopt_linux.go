@@ -100,7 +100,8 @@ func tcpInfo(fd int) (unix.TCPInfo, bool) {
 
 // TuneTCPListener sets on a TCP socket about to listen what TuneTCP sets
 // on a connection (keepalive with keepAlive's idle time and interval and 3
-// probes, or off; TCP_USER_TIMEOUT if userTimeout > 0), for
+// probes, or off; TCP_USER_TIMEOUT if userTimeout > 0, which makes the
+// probes' count moot, and then it is not set), for
 // net.ListenConfig.Control: Linux copies them into every socket accepted
 // from it, which then needs no system call of its own (five per
 // connection). Set later, on a listening socket, they would miss the
@@ -132,7 +133,13 @@ func TuneTCPFD(fd int, keepAlive, userTimeout time.Duration) error {
 		set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1, "SO_KEEPALIVE")
 		set(unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, secs, "TCP_KEEPIDLE")
 		set(unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, secs, "TCP_KEEPINTVL")
-		set(unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveProbes, "TCP_KEEPCNT")
+		if userTimeout <= 0 {
+			// With TCP_USER_TIMEOUT set, that decides when unanswered
+			// probes end the connection; the kernel does not read the
+			// count then (tcp_keepalive_timer): a system call less per
+			// connection.
+			set(unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAliveProbes, "TCP_KEEPCNT")
+		}
 	} else {
 		set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0, "SO_KEEPALIVE")
 	}
