@@ -51,14 +51,16 @@ func (s *EndpointSeries) Observed(addr string) {
 }
 
 func (s *EndpointSeries) forget(addr string) {
+	for _, v := range s.vecs {
+		v.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
+	}
+	// After the series are deleted: a cache that takes a series after
+	// this has a new one (SeriesCache.Get).
 	s.mu.Lock()
 	caches := s.caches
 	s.mu.Unlock()
 	for _, f := range caches {
 		f(addr)
-	}
-	for _, v := range s.vecs {
-		v.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
 	}
 }
 
@@ -77,6 +79,9 @@ type SeriesCache[T any] struct {
 	mk func(addr, value string) T
 	mu sync.Mutex
 	m  map[[2]string]T
+	// forgot counts the forgets: a Get that made its series across one
+	// may hold deleted ones, and keeps them out of m.
+	forgot uint64
 }
 
 // NewSeriesCache returns a cache of s's series, made by mk. The vectors
@@ -97,17 +102,20 @@ func (c *SeriesCache[T]) Get(addr, value string) T {
 	k := [2]string{addr, value}
 	c.mu.Lock()
 	v, ok := c.m[k]
+	forgot := c.forgot
 	c.mu.Unlock()
 	if ok {
 		return v
 	}
 	v = c.mk(addr, value)
-	// Kept only while addr is in the pool, checked under c.mu: its
-	// removal, which the pool makes before it tells EndpointSeries, is
-	// then either seen here, or followed by forget, which waits for c.mu.
+	// Kept only if no forget came since mk (the endpoint removed, and
+	// perhaps back: mk's series may be deleted), and addr is in the
+	// pool, checked under c.mu: a removal, which the pool makes before
+	// it tells EndpointSeries, is then either seen here, or followed by
+	// a forget that waits for c.mu.
 	c.mu.Lock()
 	in := c.s.pool.Has(addr)
-	if in {
+	if in && c.forgot == forgot {
 		c.m[k] = v
 	}
 	c.mu.Unlock()
@@ -119,6 +127,7 @@ func (c *SeriesCache[T]) Get(addr, value string) T {
 
 func (c *SeriesCache[T]) forget(addr string) {
 	c.mu.Lock()
+	c.forgot++
 	for k := range c.m {
 		if k[0] == addr {
 			delete(c.m, k)

@@ -28,9 +28,15 @@ func TestSeriesCacheFollowsThePool(t *testing.T) {
 	s := endpoint.NewEndpointSeries(p, vec.MetricVec)
 	t.Cleanup(s.Close)
 	var made atomic.Int32
+	var during func() // run by mk once its series are made
 	c := endpoint.NewSeriesCache(s, func(addr, result string) prometheus.Counter {
 		made.Add(1)
-		return vec.WithLabelValues(addr, result)
+		ctr := vec.WithLabelValues(addr, result)
+		if during != nil {
+			during()
+			during = nil
+		}
+		return ctr
 	})
 	set := func(addrs ...string) {
 		var specs []upstream.Spec
@@ -74,6 +80,15 @@ func TestSeriesCacheFollowsThePool(t *testing.T) {
 
 	c.Get(b, "ok").Inc()
 	assert.Equal(t, map[[2]string]float64{{a, "ok"}: 1}, series(), "a series of an endpoint not in the pool")
+
+	// Removed and back while a Get made its series: that Get's update
+	// may be lost with the series deleted, the next ones are not.
+	during = func() { set(); set(a) }
+	c.Get(a, "slow").Inc()
+	for range 4 {
+		c.Get(a, "slow").Inc()
+	}
+	assert.Equal(t, 4.0, series()[[2]string{a, "slow"}], "the cache kept the series deleted while it was made")
 
 	var wg sync.WaitGroup
 	for range 4 {
