@@ -135,11 +135,6 @@ func (p *Pool) rebuildLocked() {
 		rs = append(rs, ranked{p.keyLocked(e), e})
 	}
 	byRank := func(a, b ranked) int { return compareRanks(a.k, a.e, b.k, b.e) }
-	slices.SortFunc(rs, byRank)
-	p.order = p.order[:0]
-	for _, r := range rs {
-		p.order = append(p.order, r.e)
-	}
 	// The preferred endpoint, the one stickiness holds to and
 	// EventPreferred names, is the first by every key but waiting: a
 	// connection waiting for its first byte sends the next ones to an
@@ -161,6 +156,19 @@ func (p *Pool) rebuildLocked() {
 			p.emitLocked(Event{Kind: EventPreferred, Addr: first, Prev: prev, State: p.eps[first].state})
 			p.cfg.Logger.V(1).Info("preferred endpoint changed", "addr", first, "prev", prev)
 		}
+		// Stickiness goes with the preference: the order puts the new
+		// preferred endpoint before its equals, not the old one.
+		for i := range rs {
+			rs[i].k.notPref = 1
+			if rs[i].e.addr == first {
+				rs[i].k.notPref = 0
+			}
+		}
+	}
+	slices.SortFunc(rs, byRank)
+	p.order = p.order[:0]
+	for _, r := range rs {
+		p.order = append(p.order, r.e)
 	}
 }
 

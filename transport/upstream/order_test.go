@@ -567,10 +567,11 @@ func TestOrderSourceAdded(t *testing.T) {
 // endpoint past a neighbour: whatever the endpoints' other keys (zone,
 // static or discovered, health, suspicion), the order after each change
 // is the one a full re-sort gives (forced here by AddStalled with 0, which
-// changes no count).
+// changes no count). Changes of health between them move the preferred
+// endpoint, and stickiness with it: the order follows that too.
 func TestAddWaitingOrdersAsAFullSort(t *testing.T) {
 	addrs := []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "10.0.0.4:6443", "10.0.0.5:6443"}
-	moved := 0
+	moved, preferred := 0, 0
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		p := newPool(t, upstream.Config{Zone: "a"})
@@ -585,33 +586,40 @@ func TestAddWaitingOrdersAsAFullSort(t *testing.T) {
 		}
 		mustSet(t, p, upstream.SourceDiscovery, disc)
 		mustSet(t, p, upstream.SourceStatic, static)
-		for _, a := range addrs {
-			switch rng.IntN(6) {
-			case 0, 1, 2, 3:
-				p.ReportSuccess(a)
-			case 4:
-				p.ReportSuccess(a)
-				p.ReportFailure(a, upstream.FailureSilent, nil) // suspect
-			}
-		}
 		waiting := map[string]int{}
-		for range 200 {
+		for i := range 300 {
 			a := addrs[rng.IntN(len(addrs))]
-			n := 1
-			if waiting[a] > 0 && rng.IntN(2) == 0 {
-				n = -1
-			}
+			pref := slices.Clone(preferredOf(p))
 			before := p.Candidates()
-			p.AddWaiting(a, n)
-			waiting[a] += n
+			op := ""
+			switch rng.IntN(6) {
+			case 0:
+				op = "success"
+				p.ReportSuccess(a)
+			case 1:
+				op = "silent"
+				p.ReportFailure(a, upstream.FailureSilent, nil)
+			default:
+				n := 1
+				if waiting[a] > 0 && rng.IntN(2) == 0 {
+					n = -1
+				}
+				op = fmt.Sprintf("AddWaiting %d", n)
+				p.AddWaiting(a, n)
+				waiting[a] += n
+			}
 			got := p.Candidates()
-			if !slices.Equal(before, got) {
+			if op[0] == 'A' && !slices.Equal(before, got) {
 				moved++
 			}
+			if !slices.Equal(preferredOf(p), pref) {
+				preferred++
+			}
 			p.AddStalled(a, 0)
-			require.Equal(t, p.Candidates(), got, "seed %d: the order after AddWaiting(%s, %d), waiting %v", seed, a, n, waiting)
+			require.Equal(t, p.Candidates(), got, "seed %d, change %d: the order after %s of %s, waiting %v", seed, i, op, a, waiting)
 		}
 	}
-	t.Logf("%d of 4000 changes moved an endpoint", moved)
-	require.Greater(t, moved, 200, "too few changes moved an endpoint: the test proves little")
+	t.Logf("of 6000 changes, %d of the waiting count moved an endpoint, and %d moved the preferred endpoint", moved, preferred)
+	require.Greater(t, moved, 200, "too few changes of the waiting count moved an endpoint: the test proves little")
+	require.Greater(t, preferred, 50, "the preferred endpoint moved too rarely: the test proves little")
 }
