@@ -370,7 +370,9 @@ func TestLoopAcceptReportsTheAddresses(t *testing.T) {
 func TestLoopReadsTheFirstBytesOnceConnected(t *testing.T) {
 	hung := hungListener(t)
 	echo := newEcho(t)
-	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, StaggerDelay: 100 * time.Millisecond, AttemptTimeout: time.Minute, DialTimeout: time.Minute})
+	// The client writes at once; the stagger leaves a loaded machine
+	// time for it before the upstream connects.
+	r := start(t, localproxy.Config{Endpoints: []string{echo.addr()}, StaggerDelay: 500 * time.Millisecond, AttemptTimeout: time.Minute, DialTimeout: time.Minute})
 	require.NoError(t, r.Pool().Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: hung}}))
 	require.Equal(t, hung, r.Pool().Candidates()[0])
 	var mu sync.Mutex
