@@ -108,3 +108,11 @@ func (w *Waker) w() *waker {
 	}
 	return w.wk
 }
+
+// OnHeldEnded runs f in the watch of each held connection between the end
+// of its PING loop (the connection lost, going away or idle) and its
+// close, until the returned function is called.
+func OnHeldEnded(f func()) (restore func()) {
+	heldEnded.Store(&f)
+	return func() { heldEnded.Store(nil) }
+}

@@ -278,6 +278,24 @@ func (c *heldConn) fresh(now time.Time, every time.Duration) bool {
 	return c.ctx.Err() == nil && !c.late.Load() && ready != 0 && now.Sub(time.Unix(0, ready)) < every
 }
 
+// usable reports whether c may still carry a probe, or vouch for its
+// server without one (fresh): the Prober did not close it, it was not
+// lost, and its HTTP/2 client takes new requests (no GOAWAY received, not
+// closed). One that is not is left to watchHeld, which ends it and
+// reports why, but may not have seen it yet: until then, a probe took it
+// for fresh and answered for a server it no longer heard from (a
+// kube-apiserver that closes each anonymous connection, or one that
+// reset it). CanTakeNewRequest takes the client's lock only, not the
+// write lock a write stuck on a frozen server holds, as State does.
+func (c *heldConn) usable() bool {
+	select {
+	case <-c.w.lost:
+		return false
+	default:
+	}
+	return c.ctx.Err() == nil && c.cc.CanTakeNewRequest()
+}
+
 // close closes the connection; the TCP connection first, so that nothing
 // waits on a peer that does not read.
 func (c *heldConn) close() {
@@ -417,7 +435,7 @@ func (p *Prober) heldConn(ctx context.Context, h *heldEndpoint) (*heldConn, erro
 		h.dropped(c, nil)
 		c = nil
 	}
-	if c != nil && c.ctx.Err() == nil {
+	if c != nil && c.usable() {
 		return c, nil
 	}
 	return p.connectHeld(ctx, h)
@@ -532,6 +550,10 @@ func (c *heldConn) requestFailed(err error, start time.Time, heard bool) error {
 // no longer probed. A PING unanswered past its timeout is reported at once
 // (and its late answer too); a failure ends the connection and is
 // reported, unless c was closed by the Prober meanwhile.
+// heldEnded, if set (tests), runs in watchHeld between the end of a held
+// connection's PING loop and its close.
+var heldEnded atomic.Pointer[func()]
+
 func (p *Prober) watchHeld(c *heldConn) {
 	defer p.held.wg.Done()
 	addr := c.h.addr
@@ -586,6 +608,9 @@ func (p *Prober) watchHeld(c *heldConn) {
 	p.Logger.V(2).Info("held connection opened", "addr", addr, "connect", c.connect)
 	f, err := l.run(c.ctx)
 	closedByProber := c.ctx.Err() != nil
+	if f := heldEnded.Load(); f != nil {
+		(*f)()
+	}
 	c.close()
 	p.Logger.V(2).Info("held connection closed", "addr", addr, "byProber", closedByProber, "failure", f.String(), "err", err)
 	if f == upstream.FailureGoAway && p.Credentials() == "none" {

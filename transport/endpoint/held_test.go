@@ -625,6 +625,39 @@ func TestHeldAnonymousGoAwayNotReported(t *testing.T) {
 	assert.Empty(t, rep.reports())
 }
 
+// A held connection the server closed (here after an anonymous request,
+// with GOAWAY) is not taken for fresh by a probe that comes before its
+// watch has seen the end: the probe connects again and asks the server.
+// The watch is held up here between the end of its PING loop and the
+// connection's close, as a loaded machine may schedule it late; before,
+// such a probe answered from the closed connection, no request sent.
+func TestHeldProbeDoesNotTrustAClosedConnection(t *testing.T) {
+	pki := newPKI(t)
+	s := newH2Server(t, pki.Cert)
+	s.closeAnonymous.Store(true)
+	ended := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer endpoint.OnHeldEnded(func() {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+		<-release
+	})()
+	p := heldProber(t, pki, newReporter())
+	require.NoError(t, p.Probe(probeCtx(t, time.Second), s.addr))
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the server's close did not end the held connection's watch")
+	}
+	err := p.Probe(probeCtx(t, time.Second), s.addr)
+	close(release)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), s.handshakes.Load(), "the second probe did not connect again: answered from the closed connection")
+}
+
 // The pool's rounds may slow down to 5s with held probes, no further than
 // ReadyzInterval; other modes check in every round.
 func TestQuietInterval(t *testing.T) {
