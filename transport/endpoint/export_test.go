@@ -33,7 +33,7 @@ type PingLoopHooks struct {
 	Heard                                        func(within time.Duration) (time.Duration, bool)
 	Waker                                        *Waker
 	Ping                                         func(context.Context) error
-	Lost                                         <-chan struct{}
+	Lost, Retired                                <-chan struct{}
 	Late                                         func(error)
 	Answered                                     func()
 	GoingAway                                    func() bool
@@ -41,7 +41,7 @@ type PingLoopHooks struct {
 
 // RunPingLoopWith runs a PING schedule as RunPingLoop does, with h.
 func RunPingLoopWith(ctx context.Context, h PingLoopHooks) (upstream.Failure, error) {
-	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, heard: h.Heard, inUse: h.InUse, w: h.Waker.w(), ping: h.Ping, lost: h.Lost,
+	l := &pingLoop{interval: h.Interval, idleInterval: h.IdleInterval, unusedInterval: h.UnusedInterval, busy: h.Busy, heard: h.Heard, inUse: h.InUse, w: h.Waker.w(), ping: h.Ping, lost: h.Lost, retired: h.Retired,
 		lostErr: func() error { return errLost }, late: h.Late, answered: h.Answered, goingAway: h.GoingAway}
 	l.rtt.Sample(h.Seed)
 	return l.run(ctx)

@@ -259,6 +259,10 @@ type heldConn struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	closeOnce sync.Once
+	// retired is closed (retire) when a probe found the connection
+	// unusable and opens another.
+	retired    chan struct{}
+	retireOnce sync.Once
 	// lastAck is when a PING was last answered, in Unix nanoseconds.
 	lastAck atomic.Int64
 	// readyAt is when GET /readyz last answered 200 over the connection,
@@ -295,6 +299,9 @@ func (c *heldConn) usable() bool {
 	}
 	return c.ctx.Err() == nil && c.cc.CanTakeNewRequest()
 }
+
+// retire ends c's watch (pingLoop.retired).
+func (c *heldConn) retire() { c.retireOnce.Do(func() { close(c.retired) }) }
 
 // close closes the connection; the TCP connection first, so that nothing
 // waits on a peer that does not read.
@@ -438,6 +445,11 @@ func (p *Prober) heldConn(ctx context.Context, h *heldEndpoint) (*heldConn, erro
 	if c != nil && c.usable() {
 		return c, nil
 	}
+	if c != nil {
+		// Its watch may not have seen why yet: it ends now, reporting
+		// that, and leaves the endpoint's waker to the new connection's.
+		c.retire()
+	}
 	return p.connectHeld(ctx, h)
 }
 
@@ -479,7 +491,7 @@ func (p *Prober) connectHeld(ctx context.Context, h *heldEndpoint) (*heldConn, e
 		return nil, fmt.Errorf("http2: %w", err)
 	}
 	raw.SetDeadline(time.Time{})
-	c := &heldConn{h: h, cc: cc, raw: raw, w: w, gen: gen, connect: connect}
+	c := &heldConn{h: h, cc: cc, raw: raw, w: w, gen: gen, connect: connect, retired: make(chan struct{})}
 	c.srtt.Store(int64(connect))
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 
@@ -564,6 +576,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 			unusedPingFactor*OrDefault(p.IdlePingInterval, DefaultIdlePingInterval)),
 		ping:    c.cc.Ping,
 		lost:    c.w.lost,
+		retired: c.retired,
 		lostErr: c.w.lostErr,
 		acked: func(t time.Time, srtt time.Duration) {
 			c.lastAck.Store(t.UnixNano())
@@ -659,6 +672,11 @@ type pingLoop struct {
 	// lost is closed when the connection breaks, for lostErr.
 	lost    <-chan struct{}
 	lostErr func() error
+	// retired is closed when a probe found the connection unusable (it
+	// went away, or was lost, before the loop saw it) and opened
+	// another: the loop ends as for a lost connection, so that it runs
+	// beside the new one's on the endpoint's waker no longer than that.
+	retired <-chan struct{}
 	// acked, if set, is told when a PING is answered and the smoothed
 	// round trip after it.
 	acked func(t time.Time, srtt time.Duration)
@@ -695,6 +713,8 @@ func (l *pingLoop) run(ctx context.Context) (upstream.Failure, error) {
 		case <-ctx.Done():
 			return 0, nil
 		case <-l.lost:
+			return l.lostFailure()
+		case <-l.retired:
 			return l.lostFailure()
 		case <-l.w.woken():
 			if l.idle {

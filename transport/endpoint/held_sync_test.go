@@ -365,6 +365,31 @@ func TestPingLoopGoAway(t *testing.T) {
 	})
 }
 
+// A connection a probe found unusable and replaced (retired) ends its
+// loop at once, as a lost one: with FailureGoAway if the server sent
+// GOAWAY, FailureConnLost otherwise; not at its next PING, an hour away
+// here, running meanwhile beside the new connection's.
+func TestPingLoopRetired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, away := range []bool{true, false} {
+			retired := make(chan struct{})
+			time.AfterFunc(time.Second, func() { close(retired) })
+			start := time.Now()
+			f, err := endpoint.RunPingLoopWith(t.Context(), endpoint.PingLoopHooks{
+				Interval: time.Hour, IdleInterval: time.Hour, Seed: time.Millisecond, Retired: retired,
+				Ping: fakePing(func() time.Duration { return 0 }), GoingAway: func() bool { return away },
+			})
+			want := upstream.FailureConnLost
+			if away {
+				want = upstream.FailureGoAway
+			}
+			assert.Equal(t, want, f, "going away: %v", away)
+			assert.Error(t, err)
+			assert.Equal(t, time.Second, time.Since(start), "going away: %v", away)
+		}
+	})
+}
+
 // On a far server (300ms) the timeout follows the RTT: PINGs of 450ms are
 // late but not lost, as they would be with the floor alone; one of 2.1s is.
 func TestPingLoopFollowsRTT(t *testing.T) {
