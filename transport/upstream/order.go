@@ -159,10 +159,7 @@ func (p *Pool) rebuildLocked() {
 		// Stickiness goes with the preference: the order puts the new
 		// preferred endpoint before its equals, not the old one.
 		for i := range rs {
-			rs[i].k.notPref = 1
-			if rs[i].e.addr == first {
-				rs[i].k.notPref = 0
-			}
+			rs[i].k = p.keyLocked(rs[i].e)
 		}
 	}
 	slices.SortFunc(rs, byRank)

@@ -417,21 +417,7 @@ func (p *Pool) ReportAnswered(addr string) {
 // moves addr past a neighbour in the order: the count is no key of the
 // preferred endpoint, and the other endpoints' keys are as they were.
 func (p *Pool) AddWaiting(addr string, n int) {
-	p.mu.Lock()
-	e, ok := p.eps[addr]
-	if !ok {
-		p.mu.Unlock()
-		return
-	}
-	e.waiting = max(0, e.waiting+n)
-	if !p.dirty && p.inPlaceLocked(e) {
-		p.mu.Unlock()
-		return
-	}
-	p.dirty = true
-	p.rebuildLocked()
-	p.mu.Unlock()
-	p.flush()
+	p.addRanked(addr, n, func(e *endpoint) *int { return &e.waiting }, true)
 }
 
 // AddStalled adds n (1 or -1) to the connections to addr that have
@@ -443,17 +429,23 @@ func (p *Pool) AddWaiting(addr string, n int) {
 // health mark: probes and Fall are unaffected, and the endpoint ranks as
 // before once its connections answer or end.
 func (p *Pool) AddStalled(addr string, n int) {
-	p.addRanked(addr, n, func(e *endpoint) *int { return &e.stalled })
+	p.addRanked(addr, n, func(e *endpoint) *int { return &e.stalled }, false)
 }
 
 // addRanked adds n to the connection count field picks of addr's
 // endpoint (never below zero) and re-ranks: the counts AddWaiting and
-// AddStalled keep are rank keys.
-func (p *Pool) addRanked(addr string, n int, field func(*endpoint) *int) {
+// AddStalled keep are rank keys. inPlace: the count is no key of the
+// preferred endpoint, so the order stands while addr still ranks between
+// its neighbours (inPlaceLocked).
+func (p *Pool) addRanked(addr string, n int, field func(*endpoint) *int, inPlace bool) {
 	p.mu.Lock()
 	if e, ok := p.eps[addr]; ok {
 		c := field(e)
 		*c = max(0, *c+n)
+		if inPlace && !p.dirty && p.inPlaceLocked(e) {
+			p.mu.Unlock()
+			return
+		}
 		p.dirty = true
 		p.rebuildLocked()
 	}
