@@ -53,7 +53,7 @@ type evConn struct {
 	// connection for nothing.
 	quietOut bool
 	// halfOpen closes the connection HalfOpenTimeout after its first
-	// direction ended (halfOpenLocked), on a loop that waits in
+	// direction ended (halfOpenFor), on a loop that waits in
 	// epoll_wait.
 	halfOpen loopTimer
 }

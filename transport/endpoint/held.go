@@ -558,14 +558,14 @@ func (c *heldConn) requestFailed(err error, start time.Time, heard bool) error {
 	return fmt.Errorf("GET /readyz: no answer, nor to a PING, in time: %w", err)
 }
 
-// watchHeld sends c's PINGs until c is closed, fails, or its endpoint is
-// no longer probed. A PING unanswered past its timeout is reported at once
-// (and its late answer too); a failure ends the connection and is
-// reported, unless c was closed by the Prober meanwhile.
 // heldEnded, if set (tests), runs in watchHeld between the end of a held
 // connection's PING loop and its close.
 var heldEnded atomic.Pointer[func()]
 
+// watchHeld sends c's PINGs until c is closed, fails, or its endpoint is
+// no longer probed. A PING unanswered past its timeout is reported at once
+// (and its late answer too); a failure ends the connection and is
+// reported, unless c was closed by the Prober meanwhile.
 func (p *Prober) watchHeld(c *heldConn) {
 	defer p.held.wg.Done()
 	addr := c.h.addr
