@@ -76,6 +76,9 @@ type datapathConfig struct {
 	// the same in bits per second.
 	Link     string `json:"link,omitempty"`
 	LinkBits uint64 `json:"link_bits_per_s,omitempty"`
+	// LinkCC is the TCP congestion control the link's measurement runs
+	// with (-datapath-link-cc; "": the machine's).
+	LinkCC string `json:"link_congestion_control,omitempty"`
 }
 
 // shortBytes is what the sink sends on a short connection.
@@ -167,6 +170,7 @@ type DatapathResults struct {
 type DatapathLinkResults struct {
 	// Rate is the link's rate each way, in tc's notation.
 	Rate       string                  `json:"rate"`
+	TCP        LinkTCP                 `json:"tcp"`
 	Throughput []DatapathThroughputRow `json:"throughput"`
 	Error      string                  `json:"error,omitempty"`
 }

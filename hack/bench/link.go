@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -44,6 +46,88 @@ const (
 
 // defaultLinkRate is -datapath-link's default: a common NIC of a node.
 const defaultLinkRate = "10gbit"
+
+// The TCP settings that decide the link's throughput as much as the
+// contenders do: on the bench's 2 cores, with BBR (paced, its rate from
+// what the receiver acknowledges) every proxy fell 5-30% short of the
+// link where CUBIC let localproxy reach it. Read in the bench's own
+// network namespace (it runs in a private one) and the sink's; a new
+// namespace takes the initial one's congestion control and buffer
+// limits.
+const (
+	sysctlCC      = "/proc/sys/net/ipv4/tcp_congestion_control"
+	sysctlAllowed = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+	sysctlRmem    = "/proc/sys/net/ipv4/tcp_rmem"
+	sysctlWmem    = "/proc/sys/net/ipv4/tcp_wmem"
+)
+
+// LinkTCP is what the link's TCP connections ran with.
+type LinkTCP struct {
+	// CongestionControl is the bench's network namespace's (the client's
+	// and the contenders' sockets: what sends the uploads across the
+	// link), SinkCongestionControl the sink's namespace's (what sends the
+	// downloads).
+	CongestionControl     string `json:"congestion_control"`
+	SinkCongestionControl string `json:"sink_congestion_control"`
+	// Set: -datapath-link-cc chose them, for the measurement only; else
+	// they are the machine's.
+	Set bool `json:"set,omitempty"`
+	// Rmem and Wmem are net.ipv4.tcp_rmem and tcp_wmem on this side,
+	// SinkRmem and SinkWmem behind the link: min, default and max buffer
+	// sizes, autotuning's bounds.
+	Rmem     string `json:"tcp_rmem"`
+	Wmem     string `json:"tcp_wmem"`
+	SinkRmem string `json:"sink_tcp_rmem"`
+	SinkWmem string `json:"sink_tcp_wmem"`
+}
+
+// readSysctl is the value in the /proc/sys file path, "" if unreadable.
+func readSysctl(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// readLinkTCP reads the TCP settings of this namespace, and of the
+// namespace of process sink.
+func readLinkTCP(sink int, set bool) LinkTCP {
+	t := LinkTCP{CongestionControl: readSysctl(sysctlCC), Set: set, Rmem: readSysctl(sysctlRmem), Wmem: readSysctl(sysctlWmem)}
+	out, err := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(sink)+"/ns/net", "cat", sysctlCC, sysctlRmem, sysctlWmem).Output()
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil && len(lines) == 3 {
+		t.SinkCongestionControl = lines[0]
+		t.SinkRmem = strings.Join(strings.Fields(lines[1]), " ")
+		t.SinkWmem = strings.Join(strings.Fields(lines[2]), " ")
+	}
+	return t
+}
+
+// checkLinkCC checks -datapath-link-cc: "" (the machine's), or a
+// congestion control allowed (the kernel lets a namespace other than the
+// initial one make only those its default); allowed "" (unreadable):
+// setting it will tell.
+func checkLinkCC(cc, allowed string) error {
+	if cc == "" || allowed == "" {
+		return nil
+	}
+	have := strings.Fields(allowed)
+	if !slices.Contains(have, cc) {
+		return fmt.Errorf("-datapath-link-cc %q: not one the kernel allows (%s: %s); empty keeps the machine's", cc, sysctlAllowed, strings.Join(have, " "))
+	}
+	return nil
+}
+
+// setCC makes cc the congestion control of the TCP sockets created in
+// this network namespace from now on, and returns what restores the one
+// before.
+func setCC(cc string) (restore func(), err error) {
+	prev := readSysctl(sysctlCC)
+	if err := os.WriteFile(sysctlCC, []byte(cc), 0o644); err != nil {
+		return nil, fmt.Errorf("set %s to %s: %w", sysctlCC, cc, err)
+	}
+	return func() { _ = os.WriteFile(sysctlCC, []byte(prev), 0o644) }, nil
+}
 
 var linkRateRE = regexp.MustCompile(`^([1-9][0-9]{0,5})(mbit|gbit)$`)
 
@@ -89,10 +173,10 @@ func tbfArgs(dev string, bits uint64) []string {
 // linkSteps are the commands that connect the network namespace of
 // process pid to this one by a veth pair shaped to bits per second each
 // way: linkHostAddr here, linkSinkAddr there.
-func linkSteps(pid int, bits uint64) [][]string {
+func linkSteps(pid int, bits uint64, cc string) [][]string {
 	ns := "--net=/proc/" + strconv.Itoa(pid) + "/ns/net"
 	in := func(args ...string) []string { return append([]string{"nsenter", ns}, args...) }
-	return [][]string{
+	steps := [][]string{
 		{"ip", "link", "add", linkHost, "type", "veth", "peer", "name", linkSink, "netns", strconv.Itoa(pid)},
 		{"ip", "addr", "add", linkHostAddr + linkPrefix, "dev", linkHost},
 		{"ip", "link", "set", linkHost, "up"},
@@ -102,6 +186,10 @@ func linkSteps(pid int, bits uint64) [][]string {
 		in("ip", "link", "set", linkSink, "up"),
 		in(append([]string{"tc"}, tbfArgs(linkSink, bits)...)...),
 	}
+	if cc != "" {
+		steps = append(steps, in("sysctl", "-qw", "net.ipv4.tcp_congestion_control="+cc))
+	}
+	return steps
 }
 
 // runSteps runs each command, stopping at the first that fails.
@@ -122,7 +210,7 @@ func dropLink() { _ = exec.Command("ip", "link", "del", linkHost).Run() }
 // network namespace of its own, listening on ports on every address
 // there, and connects it by a link shaped to bits per second; it returns
 // the process and the addresses to reach the ports at.
-func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, ports []int, bits uint64) (*proc, []string, error) {
+func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, ports []int, bits uint64, cc string) (*proc, []string, error) {
 	dropLink() // a previous run's, in this namespace
 	var listen, reach []string
 	for _, port := range ports {
@@ -132,7 +220,7 @@ func startLinkedSink(ctx context.Context, cert tls.Certificate, dir string, port
 	// The wait is for the last port the sink listens on (sinkMain takes
 	// them last first), across the link: it proves the link carries and
 	// every port listens.
-	opts := peers.ProcOptions{NewNetns: true, Started: func(pid int) error { return runSteps(linkSteps(pid, bits)) }}
+	opts := peers.ProcOptions{NewNetns: true, Started: func(pid int) error { return runSteps(linkSteps(pid, bits, cc)) }}
 	p, err := startSink(ctx, dir, cert, listen, reach[0], opts)
 	if err != nil {
 		dropLink()
@@ -155,19 +243,27 @@ func runLink(ctx context.Context, e *env, names []string, cfg datapathConfig, sa
 		ports = append(ports, sinkBasePort+i)
 	}
 	dir := filepath.Join(e.dir, "datapath-link")
-	sinkProc, reach, err := startLinkedSink(ctx, e.bed.ServingCertificate(), filepath.Join(dir, "sink"), ports, cfg.LinkBits)
+	sinkProc, reach, err := startLinkedSink(ctx, e.bed.ServingCertificate(), filepath.Join(dir, "sink"), ports, cfg.LinkBits, cfg.LinkCC)
 	if err != nil {
-		return fail(fmt.Errorf("start the sink behind a %s link (it needs veth links and tc's tbf; -datapath-link none skips it): %w", cfg.Link, err))
+		return fail(fmt.Errorf("start the sink behind a %s link (it needs veth links and tc's tbf, and sysctl for -datapath-link-cc; -datapath-link none skips it): %w", cfg.Link, err))
 	}
 	defer dropLink()
 	defer sinkProc.stop()
+	if cfg.LinkCC != "" {
+		restore, err := setCC(cfg.LinkCC)
+		if err != nil {
+			return fail(err)
+		}
+		defer restore()
+	}
+	r.TCP = readLinkTCP(sinkProc.pid(), cfg.LinkCC != "")
 	var cs []*dpContender
 	defer func() {
 		for _, c := range cs {
 			c.stop()
 		}
 	}()
-	say("data path across a %s link (veth, MTU 1500, tc tbf each way): %s, fresh instances in front of the sink behind it", cfg.Link, strings.Join(names, ", "))
+	say("data path across a %s link (veth, MTU 1500, tc tbf each way; TCP congestion control %s here, %s behind it): %s, fresh instances in front of the sink behind it", cfg.Link, r.TCP.CongestionControl, r.TCP.SinkCongestionControl, strings.Join(names, ", "))
 	for i, name := range names {
 		c, err := startDatapathContender(ctx, e, name, filepath.Join(dir, name), reach[i], cfg)
 		if err != nil {

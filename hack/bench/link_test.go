@@ -69,7 +69,9 @@ func TestLinkedSink(t *testing.T) {
 	cert := srv.TLS.Certificates[0]
 	srv.Close()
 	const bits = 50e6
-	p, reach, err := startLinkedSink(context.Background(), cert, t.TempDir(), []int{7490, 7491}, bits)
+	// reno is always built in and allowed; the sink's namespace would
+	// otherwise take the initial namespace's.
+	p, reach, err := startLinkedSink(context.Background(), cert, t.TempDir(), []int{7490, 7491}, bits, "reno")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +86,13 @@ func TestLinkedSink(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "tbf") || !strings.Contains(string(out), "rate 50Mbit") {
 			t.Errorf("%s: %v: %s", strings.Join(cmd, " "), err, out)
 		}
+	}
+	tcp := readLinkTCP(p.pid(), true)
+	if tcp.SinkCongestionControl != "reno" || len(strings.Fields(tcp.SinkRmem)) != 3 || len(strings.Fields(tcp.SinkWmem)) != 3 {
+		t.Errorf("behind the link: congestion control %q, tcp_rmem %q, tcp_wmem %q; want reno and three sizes each", tcp.SinkCongestionControl, tcp.SinkRmem, tcp.SinkWmem)
+	}
+	if tcp.CongestionControl != readSysctl(sysctlCC) || tcp.CongestionControl == "" || len(strings.Fields(tcp.Rmem)) != 3 || len(strings.Fields(tcp.Wmem)) != 3 {
+		t.Errorf("this side: %+v", tcp)
 	}
 	buf := make([]byte, sinkBuffer)
 	// 2 MiB at 50 Mbit/s take 0.34s; half of that allows for the bucket
@@ -111,5 +120,58 @@ func TestLinkedSink(t *testing.T) {
 	dropLink()
 	if out, err := exec.Command("ip", "link", "show", linkHost).CombinedOutput(); err == nil {
 		t.Errorf("%s still there after the sink stopped: %s", linkHost, out)
+	}
+}
+
+func TestCheckLinkCC(t *testing.T) {
+	for _, cc := range []string{"", "cubic", "bbr"} {
+		if err := checkLinkCC(cc, "reno cubic bbr"); err != nil {
+			t.Errorf("checkLinkCC(%q): %v", cc, err)
+		}
+	}
+	if err := checkLinkCC("vegas", ""); err != nil {
+		t.Errorf("checkLinkCC with the allowed list unreadable: %v; want none (setting it tells)", err)
+	}
+	for _, cc := range []string{"vegas", "Cubic", "cubic ", "reno cubic"} {
+		err := checkLinkCC(cc, "reno cubic bbr")
+		if err == nil {
+			t.Errorf("checkLinkCC(%q): no error", cc)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "-datapath-link-cc") || !strings.Contains(msg, strconv.Quote(cc)) || !strings.Contains(msg, "reno cubic bbr") {
+			t.Errorf("checkLinkCC(%q): %q does not name the flag, the value and what is allowed", cc, msg)
+		}
+	}
+}
+
+// setCC changes the namespace's congestion control, and restore puts
+// the one before back.
+func TestSetCC(t *testing.T) {
+	bedtest.Netns(t)
+	prev := readSysctl(sysctlCC)
+	if prev == "" {
+		t.Fatalf("%s unreadable", sysctlCC)
+	}
+	want := ""
+	for _, cc := range strings.Fields(readSysctl(sysctlAllowed)) {
+		if cc != prev {
+			want = cc
+			break
+		}
+	}
+	if want == "" {
+		t.Skipf("no congestion control allowed but %s", prev)
+	}
+	restore, err := setCC(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restore)
+	if got := readSysctl(sysctlCC); got != want {
+		t.Errorf("after setCC(%s): %s", want, got)
+	}
+	restore()
+	if got := readSysctl(sysctlCC); got != prev {
+		t.Errorf("after restore: %s, want %s", got, prev)
 	}
 }

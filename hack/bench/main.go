@@ -134,6 +134,7 @@ func main() {
 	flag.IntVar(&o.datapath.MiB, "datapath-mib", 1024, "MiB each way through each contender in the throughput measurement")
 	flag.IntVar(&o.datapath.Rounds, "datapath-rounds", 4, "interleaved rounds of the throughput measurement")
 	flag.StringVar(&o.datapath.Link, "datapath-link", defaultLinkRate, "rate of the link (veth, shaped with tc tbf each way) the throughput is measured across again, with the sink behind it as an apiserver is behind a node's NIC: a whole number of mbit or gbit, or none")
+	flag.StringVar(&o.datapath.LinkCC, "datapath-link-cc", "", "TCP congestion control (net.ipv4.tcp_congestion_control) of the measurement across the link, set in the bench's network namespace (a private one) and behind the link for its length only, such as cubic or bbr; empty: the machine's")
 	flag.IntVar(&o.datapath.ShortConns, "short-conns", 4000, "short connections (a request, 2 KiB back, the sink's close) through each contender, one at a time, split over -datapath-rounds (0: none)")
 	flag.StringVar(&o.idleConns, "idle-conns", "1000,10000", "comma-separated counts of idle connections held through each contender (empty: none)")
 	flag.BoolVar(&o.skipCost, "skip-cost", false, "skip the health cost at rest and in use")
@@ -215,6 +216,12 @@ func (o *options) validate() error {
 	d.LinkBits = bits
 	if bits == 0 {
 		d.Link = ""
+	}
+	if d.LinkCC != "" && bits == 0 {
+		return fmt.Errorf("-datapath-link-cc %q: for the measurement across the link, which -datapath-link none skips", d.LinkCC)
+	}
+	if err := checkLinkCC(d.LinkCC, readSysctl(sysctlAllowed)); err != nil {
+		return err
 	}
 	d.IdleConns = nil
 	for _, f := range splitList(o.idleConns) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -275,6 +276,14 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 	if l := d.Link; l != nil {
 		w("Throughput across a %s link: the same measurement with the sink in a network namespace of its own, behind a veth pair (MTU 1500) shaped to %s each way with tc's token bucket filter, as an apiserver is behind a node's NIC; the client and the proxies on this side, fresh instances. There the link, not the machine's CPU, bounds the direct path: a proxy that keeps up with it reaches 1.00× of direct.", l.Rate, l.Rate)
 		w("")
+		if t := l.TCP; t.CongestionControl != "" {
+			how := "the machine's"
+			if t.Set {
+				how = "set for this measurement (-datapath-link-cc)"
+			}
+			w("TCP congestion control, %s: %s on this side (what sends the uploads across the link, and both ways on loopback), %s behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: %s and %s here, %s and %s behind the link.", how, t.CongestionControl, cmp.Or(t.SinkCongestionControl, "unknown"), t.Rmem, t.Wmem, cmp.Or(t.SinkRmem, "unknown"), cmp.Or(t.SinkWmem, "unknown"))
+			w("")
+		}
 		if l.Error != "" {
 			w("Error: %s", l.Error)
 			w("")
