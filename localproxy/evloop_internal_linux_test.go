@@ -2,6 +2,8 @@ package localproxy
 
 import (
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -483,4 +485,75 @@ func TestLoopHalfOpenTimerEndsWithTheConnection(t *testing.T) {
 	c.step(toClient, stepEnded)
 	require.True(t, c.isClosed(), "both directions ended: the connection is not closed")
 	assert.Empty(t, poll.timers, "the half-open timer outlived the connection")
+}
+
+// A pipe the kernel keeps small (its user's pipe pages spent: two pages,
+// not to be grown) is not spliced through: the copy goes on through the
+// buffer, and the pipe is closed, not kept; for pipeShortFor, no pipe is
+// made. One it grows is taken.
+func TestLoopSplicesOnlyThroughAPipeThatGrew(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	p, poll, c := loopConn(t, clientFD, upFD, upstream, false)
+	poll.splicing = &p.splicing
+	_, err := client.Write(make([]byte, 2*spliceMin))
+	require.NoError(t, err)
+	var queued int
+	for deadline := time.Now().Add(5 * time.Second); queued < spliceMin && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		queued, err = unix.IoctlGetInt(clientFD, unix.SIOCINQ)
+		require.NoError(t, err)
+	}
+	require.GreaterOrEqual(t, queued, spliceMin)
+	pipes := func() int {
+		n := 0
+		es, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		for _, e := range es {
+			if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+				n++
+			}
+		}
+		return n
+	}
+	before := pipes()
+	e := &c.ev.dirs[toUpstream]
+
+	defer func(f func(int, int) (int, error)) { pipeResize = f }(pipeResize)
+	resized := 0
+	pipeResize = func(fd, _ int) (int, error) {
+		resized++
+		// As the kernel does once the quota is spent.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 2*os.Getpagesize()); err != nil {
+			return 0, err
+		}
+		return 0, unix.EPERM
+	}
+	poll.now = time.Now()
+	poll.takePipe(e, clientFD)
+	assert.Equal(t, [2]int{}, e.pipe, "took a pipe of two pages")
+	assert.Zero(t, p.splicing.Load(), "counted as splicing")
+	assert.Equal(t, before, pipes(), "pipe descriptors left open")
+	require.Equal(t, 1, resized)
+
+	// For a while, no pipe is made at all.
+	pipeResize = func(fd, n int) (int, error) {
+		resized++
+		return unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, n)
+	}
+	poll.now = poll.now.Add(pipeShortFor - time.Millisecond)
+	poll.takePipe(e, clientFD)
+	assert.Equal(t, [2]int{}, e.pipe, "made a pipe right after a shortage")
+	assert.Equal(t, 1, resized, "made a pipe right after a shortage")
+	assert.Zero(t, p.splicing.Load(), "counted as splicing")
+
+	poll.now = poll.now.Add(time.Millisecond)
+	poll.takePipe(e, clientFD)
+	require.NotEqual(t, [2]int{}, e.pipe, "no pipe taken")
+	size, err := unix.FcntlInt(uintptr(e.pipe[0]), unix.F_GETPIPE_SZ, 0)
+	require.NoError(t, err)
+	assert.Equal(t, spliceMax, size)
+	assert.Equal(t, 2, resized)
+	assert.EqualValues(t, 1, p.splicing.Load())
+	poll.dropPipe(e)
+	assert.Equal(t, before, pipes())
 }
