@@ -108,8 +108,8 @@ type poller struct {
 	pipes [][2]int
 	bufs  []*[]byte
 	// pipesShortUntil: the kernel gave the poller a pipe too small to
-	// splice through (its user's pipe quota spent); until then, it makes
-	// none (takePipe).
+	// splice through (its user's pipe quota spent), or none; until then,
+	// it makes none (takePipe).
 	pipesShortUntil time.Time
 	// timers are the loop's deadlines (dials, accept backoff), soonest
 	// first; they bound its wait. Only run and what it calls use them.

@@ -490,7 +490,9 @@ func TestLoopHalfOpenTimerEndsWithTheConnection(t *testing.T) {
 // A pipe the kernel keeps small (its user's pipe pages spent: two pages,
 // not to be grown) is not spliced through: the copy goes on through the
 // buffer, and the pipe is closed, not kept; for pipeShortFor, no pipe is
-// made. One it grows is taken.
+// made, but a pooled one is handed out. One it grows is taken, and so is
+// one it refuses to grow past its default 64 KiB (fs.pipe-max-size
+// lowered).
 func TestLoopSplicesOnlyThroughAPipeThatGrew(t *testing.T) {
 	clientFD, client := connectedFD(t)
 	upFD, upstream := connectedFD(t)
@@ -504,47 +506,65 @@ func TestLoopSplicesOnlyThroughAPipeThatGrew(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.GreaterOrEqual(t, queued, spliceMin)
-	pipes := func() int {
-		n := 0
+	// The pipes open now, by inode: Go's own splices (copies on
+	// goroutines) close theirs when it collects them, at any time.
+	pipes := func() map[string]bool {
+		m := make(map[string]bool)
 		es, err := os.ReadDir("/proc/self/fd")
 		require.NoError(t, err)
 		for _, e := range es {
 			if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
-				n++
+				m[l] = true
 			}
 		}
-		return n
+		return m
+	}
+	noneLeft := func(before map[string]bool, msg string) {
+		t.Helper()
+		for l := range pipes() {
+			assert.True(t, before[l], "%s: %s", msg, l)
+		}
 	}
 	before := pipes()
 	e := &c.ev.dirs[toUpstream]
 
 	defer func(f func(int, int) (int, error)) { pipeResize = f }(pipeResize)
 	resized := 0
-	pipeResize = func(fd, _ int) (int, error) {
-		resized++
-		// As the kernel does once the quota is spent.
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 2*os.Getpagesize()); err != nil {
+	resizeTo := func(size int, err error) func(int, int) (int, error) {
+		return func(fd, n int) (int, error) {
+			resized++
+			if size == 0 {
+				return unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, n)
+			}
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, size); err != nil {
+				return 0, err
+			}
 			return 0, err
 		}
-		return 0, unix.EPERM
 	}
+	// As the kernel does once the quota is spent.
+	pipeResize = resizeTo(2*os.Getpagesize(), unix.EPERM)
 	poll.now = time.Now()
 	poll.takePipe(e, clientFD)
 	assert.Equal(t, [2]int{}, e.pipe, "took a pipe of two pages")
 	assert.Zero(t, p.splicing.Load(), "counted as splicing")
-	assert.Equal(t, before, pipes(), "pipe descriptors left open")
+	noneLeft(before, "pipe left open")
 	require.Equal(t, 1, resized)
 
-	// For a while, no pipe is made at all.
-	pipeResize = func(fd, n int) (int, error) {
-		resized++
-		return unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, n)
-	}
+	// For a while, no pipe is made at all; a pooled one is handed out.
+	pipeResize = resizeTo(0, nil)
 	poll.now = poll.now.Add(pipeShortFor - time.Millisecond)
 	poll.takePipe(e, clientFD)
 	assert.Equal(t, [2]int{}, e.pipe, "made a pipe right after a shortage")
 	assert.Equal(t, 1, resized, "made a pipe right after a shortage")
 	assert.Zero(t, p.splicing.Load(), "counted as splicing")
+	var pooled [2]int
+	require.NoError(t, unix.Pipe2(pooled[:], unix.O_NONBLOCK|unix.O_CLOEXEC))
+	poll.pipes = append(poll.pipes, pooled)
+	poll.takePipe(e, clientFD)
+	assert.Equal(t, pooled, e.pipe, "the pooled pipe not handed out")
+	assert.EqualValues(t, 1, p.splicing.Load())
+	poll.dropPipe(e)
 
 	poll.now = poll.now.Add(time.Millisecond)
 	poll.takePipe(e, clientFD)
@@ -555,5 +575,18 @@ func TestLoopSplicesOnlyThroughAPipeThatGrew(t *testing.T) {
 	assert.Equal(t, 2, resized)
 	assert.EqualValues(t, 1, p.splicing.Load())
 	poll.dropPipe(e)
-	assert.Equal(t, before, pipes())
+	noneLeft(before, "pipe left open")
+
+	// The kernel refuses to grow a pipe past fs.pipe-max-size, lowered
+	// below spliceMax: the default 64 KiB is taken.
+	pipeResize = func(int, int) (int, error) { resized++; return 0, unix.EPERM }
+	poll.takePipe(e, clientFD)
+	require.NotEqual(t, [2]int{}, e.pipe, "a pipe of 64 KiB not taken")
+	size, err = unix.FcntlInt(uintptr(e.pipe[0]), unix.F_GETPIPE_SZ, 0)
+	require.NoError(t, err)
+	assert.Equal(t, spliceMin, size)
+	assert.Equal(t, 3, resized)
+	poll.dropPipe(e)
+	assert.Zero(t, p.splicing.Load())
+	noneLeft(before, "pipe left open")
 }

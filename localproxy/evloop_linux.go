@@ -730,7 +730,10 @@ func (p *poller) takePipe(e *evDir, src int) {
 	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		// Out of descriptors, or past the hard quota
+		// (fs.pipe-user-pages-hard): no better a second from now.
 		p.splicing.Add(-1)
+		p.pipesShortUntil = p.now.Add(pipeShortFor)
 		return
 	}
 	// A pipe's pages count against its user's quota
@@ -760,7 +763,7 @@ func (p *poller) takePipe(e *evDir, src int) {
 }
 
 // pipeShortFor is how long the poller makes no pipe after the kernel
-// gave it one too small to splice through (takePipe).
+// gave it one too small to splice through, or none (takePipe).
 const pipeShortFor = time.Second
 
 // pipeResize asks the kernel to make the pipe fd hold n bytes
