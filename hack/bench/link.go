@@ -87,8 +87,12 @@ func readSysctl(path string) string {
 	if err != nil {
 		return ""
 	}
-	return strings.Join(strings.Fields(string(b)), " ")
+	return sysctlValue(string(b))
 }
+
+// sysctlValue is a /proc/sys file's text as sysctl prints it: its fields
+// (tcp_rmem's are tab-separated) one space apart, no newline.
+func sysctlValue(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // readLinkTCP reads the TCP settings of this namespace, and of the
 // namespace of process sink.
@@ -96,9 +100,9 @@ func readLinkTCP(sink int, set bool) LinkTCP {
 	t := LinkTCP{CongestionControl: readSysctl(sysctlCC), Set: set, Rmem: readSysctl(sysctlRmem), Wmem: readSysctl(sysctlWmem)}
 	out, err := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(sink)+"/ns/net", "cat", sysctlCC, sysctlRmem, sysctlWmem).Output()
 	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil && len(lines) == 3 {
-		t.SinkCongestionControl = lines[0]
-		t.SinkRmem = strings.Join(strings.Fields(lines[1]), " ")
-		t.SinkWmem = strings.Join(strings.Fields(lines[2]), " ")
+		t.SinkCongestionControl = sysctlValue(lines[0])
+		t.SinkRmem = sysctlValue(lines[1])
+		t.SinkWmem = sysctlValue(lines[2])
 	}
 	return t
 }
