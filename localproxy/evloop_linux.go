@@ -732,8 +732,7 @@ func (p *poller) takePipe(e *evDir, src int) {
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
 		// Out of descriptors, or past the hard quota
 		// (fs.pipe-user-pages-hard): no better a second from now.
-		p.splicing.Add(-1)
-		p.pipesShortUntil = p.now.Add(pipeShortFor)
+		p.pipesShort()
 		return
 	}
 	// A pipe's pages count against its user's quota
@@ -755,11 +754,17 @@ func (p *poller) takePipe(e *evDir, src int) {
 	if err != nil || size < spliceMin {
 		unix.Close(fds[0])
 		unix.Close(fds[1])
-		p.splicing.Add(-1)
-		p.pipesShortUntil = p.now.Add(pipeShortFor)
+		p.pipesShort()
 		return
 	}
 	e.pipe = fds
+}
+
+// pipesShort undoes takePipe's count of a copy splicing, for one that
+// got no pipe from the kernel, and makes no pipe for pipeShortFor.
+func (p *poller) pipesShort() {
+	p.splicing.Add(-1)
+	p.pipesShortUntil = p.now.Add(pipeShortFor)
 }
 
 // pipeShortFor is how long the poller makes no pipe after the kernel
