@@ -22,8 +22,10 @@ const (
 	// maxDialsToHung bounds, on an L4 path, the connections that go to a
 	// hung apiserver from the fault until its probes mark it down (1-2s):
 	// the first new connection gets stuck there, the next ones must go
-	// elsewhere. Without the passive signals every new connection until
-	// its first failed probe (about 1s, 20 at newConnRate) went there.
+	// elsewhere (the second too when the hung one was alone in the best
+	// RTT tier: the bed's RTTs straddle the 2ms tier boundary). Without
+	// the passive signals every new connection until its first failed
+	// probe (about 1s, 20 at newConnRate) went there.
 	maxDialsToHung = 3
 )
 

@@ -13,7 +13,7 @@ type rankKey struct {
 	stalled    int // connections waiting past their first-byte deadline (AddStalled)
 	locality   int // 0 local, 1 same zone, 2 elsewhere
 	lastResort int // 1 for an endpoint known only from static config
-	tier       int // RTT tier, see rttTier and stickyTier
+	tier       int // RTT tier, see rttTier and stickyTier; compared as rankedTier
 	waiting    int // connections waiting for their first byte (AddWaiting)
 	notPref    int // 0 for the currently preferred endpoint: stickiness
 	tie        uint64
@@ -106,13 +106,34 @@ func (p *Pool) keyLocked(e *endpoint) rankKey {
 	return k
 }
 
+// crowdedWaiting is the count of connections waiting for their first
+// byte from which an endpoint ranks as one RTT tier slower (rankedTier).
+// One is a handshake under way; two on a server that answers within a few
+// milliseconds is a server that has stopped answering, or a burst.
+const crowdedWaiting = 2
+
+// rankedTier is the RTT tier the order ranks k by: one tier slower with
+// crowdedWaiting or more connections waiting. Waiting alone breaks ties
+// within a tier, so a server that hangs while alone in the best tier (a
+// local apiserver, or one a millisecond closer) would otherwise get every
+// new connection until its first one passes the first-byte deadline and
+// it ranks as stalled; a burst to healthy servers spreads over one tier
+// more, not over all of them. Derived from waiting, it is no key of the
+// preferred endpoint either (rebuildLocked).
+func (k rankKey) rankedTier() int {
+	if k.waiting >= crowdedWaiting {
+		return k.tier + 1
+	}
+	return k.tier
+}
+
 func compareKeys(a, b rankKey) int {
 	return cmp.Or(
 		cmp.Compare(a.class, b.class),
 		cmp.Compare(a.stalled, b.stalled),
 		cmp.Compare(a.locality, b.locality),
 		cmp.Compare(a.lastResort, b.lastResort),
-		cmp.Compare(a.tier, b.tier),
+		cmp.Compare(a.rankedTier(), b.rankedTier()),
 		cmp.Compare(a.waiting, b.waiting),
 		cmp.Compare(a.notPref, b.notPref),
 		cmp.Compare(a.tie, b.tie),

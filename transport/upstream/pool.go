@@ -411,7 +411,10 @@ func (p *Pool) ReportAnswered(addr string) {
 // the one with fewer waiting goes first, before stickiness: a server that
 // stops answering keeps its first silent connection waiting, and the next
 // connection goes to another (least outstanding, as HAProxy's leastconn
-// but counting only what is stuck).
+// but counting only what is stuck). With crowdedWaiting or more waiting,
+// an endpoint ranks as one RTT tier slower (rankKey.rankedTier), so that
+// a server alone in the best tier sends the next connections to the next
+// tier when it stops answering.
 //
 // Each connection calls it twice, so it re-sorts only when the change
 // moves addr past a neighbour in the order: the count is no key of the
