@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -116,7 +117,7 @@ func (c *conn) clientName() string {
 // (pipe); the connection finishes when both are done.
 func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if !c.tuned {
-		tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.log)
+		tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.loopbackCC(ipOf(c.clientLocal())), p.log)
 	}
 	if !p.connect(ctx, c) {
 		c.close()
@@ -445,10 +446,27 @@ func (p *Proxy) closeClient(nc io.Closer, gently bool) {
 }
 
 // tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client
-// connection. Failures leave the connection working with the system
-// defaults, so they are only logged.
-func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration, log logr.Logger) {
-	if err := endpoint.TuneTCP(nc, keepAlive, userTimeout); err != nil {
+// connection, and sets its congestion control to cc unless cc is "".
+// Failures leave the connection working with the system defaults, so
+// they are only logged.
+func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration, cc string, log logr.Logger) {
+	err := endpoint.TuneTCP(nc, keepAlive, userTimeout)
+	if sc, ok := nc.(syscall.Conn); ok && err == nil && cc != "" {
+		var rc syscall.RawConn
+		if rc, err = sc.SyscallConn(); err == nil {
+			err = setCongestion(rc, cc)
+		}
+	}
+	if err != nil {
 		log.V(2).Info("tuning a client connection failed", "client", nc.RemoteAddr().String(), "err", err.Error())
 	}
+}
+
+// ipOf returns the IP address of a, a *net.TCPAddr; the zero Addr for
+// anything else.
+func ipOf(a net.Addr) netip.Addr {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort().Addr()
+	}
+	return netip.Addr{}
 }

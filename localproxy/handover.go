@@ -41,11 +41,11 @@ func listenReusePort(ctx context.Context, network, address string) (net.Listener
 }
 
 // listenTuned is listenReusePort that also runs tune, if not nil, on the
-// socket before it binds: options set then are in every socket accepted
+// socket before it binds (with the address it binds, resolved): options set then are in every socket accepted
 // from it (endpoint.TuneTCPListener), none of which can have completed its
 // handshake earlier. tuned tells whether tune succeeded; its failure
 // leaves the listener as listenReusePort makes it.
-func listenTuned(ctx context.Context, network, address string, tune func(syscall.RawConn) error) (ln net.Listener, tuned bool, err error) {
+func listenTuned(ctx context.Context, network, address string, tune func(address string, rc syscall.RawConn) error) (ln net.Listener, tuned bool, err error) {
 	// KeepAlive -1: Go's accept would set keepalive (15s) on each
 	// connection, four system calls more than the client connections'
 	// own settings, which come from tune or tuneClient.
@@ -53,7 +53,7 @@ func listenTuned(ctx context.Context, network, address string, tune func(syscall
 		if err := reusePortControl(network, address, c); err != nil {
 			return err
 		}
-		tuned = tune != nil && tune(c) == nil
+		tuned = tune != nil && tune(address, c) == nil
 		return nil
 	}}
 	lc.SetMultipathTCP(false)

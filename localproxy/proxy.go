@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/apifailover/apifailover/internal/workers"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -299,6 +300,30 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return nil
 }
 
+// loopbackCC returns the congestion control to set on a client socket
+// whose local address is ip: Config.LoopbackCongestionControl on a
+// loopback address; "" (keep the system's) elsewhere, or with
+// SystemCongestionControl.
+func (p *Proxy) loopbackCC(ip netip.Addr) string {
+	if cc := p.cfg.LoopbackCongestionControl; cc != SystemCongestionControl && ip.Unmap().IsLoopback() {
+		return cc
+	}
+	return ""
+}
+
+// setCongestion sets the congestion control cc on the socket of rc;
+// with cc "", nothing.
+func setCongestion(rc syscall.RawConn, cc string) error {
+	if cc == "" {
+		return nil
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setCongestionFD(int(fd), cc) }); err != nil {
+		return err
+	}
+	return serr
+}
+
 // bind opens the client listeners and the health listener.
 func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) {
 	var lns []net.Listener
@@ -317,14 +342,19 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 		var ln net.Listener
 		var err error
 		if own {
-			// The kernel gives accepted sockets the listener's keepalive
-			// and TCP_USER_TIMEOUT: tuneClient is then not needed.
+			// The kernel gives accepted sockets the listener's keepalive,
+			// TCP_USER_TIMEOUT and congestion control: tuneClient is then
+			// not needed.
 			var tuned bool
-			ln, tuned, err = listenTuned(ctx, "tcp", a, func(rc syscall.RawConn) error {
+			ln, tuned, err = listenTuned(ctx, "tcp", a, func(address string, rc syscall.RawConn) error {
 				if err := endpoint.TuneTCPListener(rc, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
 					return err
 				}
-				return setNoDelay(rc)
+				if err := setNoDelay(rc); err != nil {
+					return err
+				}
+				ap, _ := netip.ParseAddrPort(address)
+				return setCongestion(rc, p.loopbackCC(ap.Addr()))
 			})
 			if err == nil && !tuned {
 				p.log.V(2).Info("the listener does not carry the client connections' socket options; each connection is tuned", "addr", ln.Addr().String())

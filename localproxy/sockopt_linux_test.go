@@ -5,6 +5,8 @@ package localproxy_test
 import (
 	"context"
 	"net"
+	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ type tcpOpts struct {
 	Count       int // TCP_KEEPCNT, read where TCP_USER_TIMEOUT is not set (the kernel ignores it where it is)
 	UserTimeout int // TCP_USER_TIMEOUT, milliseconds; 0 is the system default
 	NoDelay     bool
+	CC          string // TCP_CONGESTION
 }
 
 // readTCPOpts reads tcpOpts back from nc's socket with getsockopt. The
@@ -68,6 +71,11 @@ func readTCPOptsFD(fd int) (tcpOpts, error) {
 		}
 	}
 	o.NoDelay = get(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY) != 0
+	cc, err := unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	if err != nil && gerr == nil {
+		gerr = err
+	}
+	o.CC = cc
 	return o, gerr
 }
 
@@ -80,10 +88,31 @@ func plainListen(ctx context.Context, network, address string) (net.Listener, er
 	return lc.Listen(ctx, network, address)
 }
 
-// TestSocketOptionsBothSides reads keepalive and TCP_USER_TIMEOUT back from
-// the accepted client socket and the upstream socket of a proxied
-// connection.
+// systemCC returns the system's default congestion control
+// (net.ipv4.tcp_congestion_control) and another that this process may
+// set.
+func systemCC(t *testing.T) (sys, other string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	require.NoError(t, err)
+	sys = strings.TrimSpace(string(b))
+	for _, cc := range []string{"reno", "cubic"} {
+		if cc != sys && localproxy.CheckCongestionControl(cc) == nil {
+			return sys, cc
+		}
+	}
+	t.Skipf("no congestion control but %s to set", sys)
+	return "", ""
+}
+
+// TestSocketOptionsBothSides reads keepalive, TCP_USER_TIMEOUT and the
+// congestion control back from the accepted client socket and the
+// upstream socket of a proxied connection. Both are on loopback here:
+// the client side takes Config.LoopbackCongestionControl, the upstream
+// side keeps the system's.
 func TestSocketOptionsBothSides(t *testing.T) {
+	sys, other := systemCC(t)
+	def := localproxy.DefaultLoopbackCongestionControl
 	for _, tc := range []struct {
 		name             string
 		cfg              localproxy.Config
@@ -95,42 +124,43 @@ func TestSocketOptionsBothSides(t *testing.T) {
 		cfg: localproxy.Config{
 			KeepAlive: 7 * time.Second, UserTimeout: 1500 * time.Millisecond,
 			UpstreamKeepAlive: 9 * time.Second, UpstreamUserTimeout: 2500 * time.Millisecond,
+			LoopbackCongestionControl: other,
 		},
-		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, UserTimeout: 1500, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, UserTimeout: 2500, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, UserTimeout: 1500, NoDelay: true, CC: other},
+		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, UserTimeout: 2500, NoDelay: true, CC: sys},
 	}, {
 		// Go's accept turns keepalive on with 15s by itself: the client
 		// side must be retuned to the proxy's defaults.
 		name:     "defaults",
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: def},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 	}, {
 		// The proxy's own listeners hand their options to the sockets
 		// they accept; on a listener of the caller's, Go's accept sets
 		// keepalive (15s) itself, so each connection is tuned after it.
 		name:     "caller's listener",
-		cfg:      localproxy.Config{Listen: plainListen},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		cfg:      localproxy.Config{Listen: plainListen, LoopbackCongestionControl: other},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: other},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 	}, {
 		// Given to the proxy (as systemd's sockets are): the loop
 		// accepts on it, and tunes each connection itself.
 		name:     "caller's listener, owned",
-		cfg:      localproxy.Config{Listen: plainListen, ListenersOwned: true},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true},
+		cfg:      localproxy.Config{Listen: plainListen, ListenersOwned: true, LoopbackCongestionControl: other},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: other},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 		onLoop:   true,
 	}, {
 		// Without TCP_USER_TIMEOUT, the probes' count ends a connection.
 		name:     "keepalive alone",
 		cfg:      localproxy.Config{UserTimeout: -1, UpstreamUserTimeout: -1},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true},
-		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true, CC: def},
+		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true, CC: sys},
 	}, {
 		name:     "disabled",
-		cfg:      localproxy.Config{KeepAlive: -1, UserTimeout: -1, UpstreamKeepAlive: -1, UpstreamUserTimeout: -1},
-		client:   tcpOpts{NoDelay: true},
-		upstream: tcpOpts{NoDelay: true},
+		cfg:      localproxy.Config{KeepAlive: -1, UserTimeout: -1, UpstreamKeepAlive: -1, UpstreamUserTimeout: -1, LoopbackCongestionControl: localproxy.SystemCongestionControl},
+		client:   tcpOpts{NoDelay: true, CC: sys},
+		upstream: tcpOpts{NoDelay: true, CC: sys},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			echo := newEcho(t)
@@ -159,6 +189,60 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			got, err = read(1, ends[0].Upstream)
 			require.NoError(t, err)
 			assert.Equal(t, tc.upstream, got, "upstream side")
+		})
+	}
+}
+
+// The congestion control is set on loopback client connections only: one
+// accepted on another address of this host (a client in a pod, on the
+// node's address) keeps the system's, on the proxy's own listener and on
+// a caller's alike.
+func TestLoopbackCongestionOnLoopbackOnly(t *testing.T) {
+	sys, other := systemCC(t)
+	var ip string
+	addrs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && n.IP.IsGlobalUnicast() {
+			ip = n.IP.String()
+			break
+		}
+	}
+	if ip == "" {
+		t.Skip("no IPv4 address on this host but loopback")
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  localproxy.Config
+	}{
+		{"own listeners", localproxy.Config{}},
+		{"caller's listeners", localproxy.Config{Listen: plainListen}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			echo := newEcho(t)
+			cfg := tc.cfg
+			cfg.Endpoints = []string{echo.addr()}
+			cfg.ListenAddresses = []string{"127.0.0.1:0", net.JoinHostPort(ip, "0")}
+			cfg.LoopbackCongestionControl = other
+			r := start(t, cfg)
+			want := map[string]string{}
+			for i, a := range r.Addrs() {
+				c := dial(t, a.String())
+				require.NoError(t, roundTrip(c, "cc"))
+				want[c.LocalAddr().String()] = []string{other, sys}[i]
+			}
+			ends := r.CopyEnds()
+			require.Len(t, ends, 2)
+			for _, e := range ends {
+				var got tcpOpts
+				if e.OnLoop {
+					got, err = readTCPOptsFD(e.FDs[0])
+				} else {
+					got, err = readTCPOpts(e.Client)
+				}
+				require.NoError(t, err)
+				assert.Equal(t, want[e.ClientAddr.String()], got.CC, "client %s on %s", e.ClientAddr, e.ClientLocal)
+			}
 		})
 	}
 }

@@ -438,7 +438,8 @@ func (b *builder) zone(creds *rest.Config, discovery *rest.Config, l listeners, 
 
 // connections sets the limits of client and upstream connections:
 // --drain-timeout, --first-byte-timeout, --shutdown-timeout, --handover-timeout,
-// --max-connections, --gomaxprocs (applied by run) and --proxy-protocol.
+// --max-connections, --gomaxprocs (applied by run), --proxy-protocol and
+// --loopback-congestion-control.
 func (b *builder) connections(cfg *localproxy.Config) {
 	if b.drainTimeout < 0 {
 		b.reject("drain-timeout", b.drainTimeout, "want 0 (close at once) or a positive duration")
@@ -476,6 +477,10 @@ func (b *builder) connections(cfg *localproxy.Config) {
 		b.reject("proxy-protocol", b.proxyProtocol, "want "+oneOf("none", "v1", "v2"))
 	}
 	cfg.ProxyProtocol = pp
+	if err := localproxy.CheckCongestionControl(b.loopbackCC); err != nil {
+		b.reject("loopback-congestion-control", b.loopbackCC, err.Error())
+	}
+	cfg.LoopbackCongestionControl = b.loopbackCC
 }
 
 // logging checks --log-level and --log-format; run sets up the logger.

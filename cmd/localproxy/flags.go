@@ -47,6 +47,7 @@ type options struct {
 	maxConnections      int
 	gomaxprocs          int
 	proxyProtocol       string
+	loopbackCC          string
 	logLevel            string
 	logFormat           string
 	version             bool
@@ -118,6 +119,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.maxConnections, "max-connections", localproxy.DefaultMaxConnections, "maximum concurrent client connections")
 	fs.IntVar(&o.gomaxprocs, "gomaxprocs", defaultGOMAXPROCS, "how many threads run the proxy's Go code at once (GOMAXPROCS): one for the event loop that copies the connections, the others for the rest; with 1 the loop waits through Go's network poller, which costs more CPU per request. 0: Go's default, the CPUs or the container's CPU limit. Without this flag, a GOMAXPROCS environment variable is kept")
 	fs.StringVar(&o.proxyProtocol, "proxy-protocol", "none", "PROXY protocol header towards the API servers: none, v1 or v2")
+	fs.StringVar(&o.loopbackCC, "loopback-congestion-control", localproxy.DefaultLoopbackCongestionControl, "TCP congestion control of client connections on a loopback address (127.0.0.1, ::1), which cross no link: reno does not pace, where a node default such as BBR spends the proxy's CPU pacing them; one of net.ipv4.tcp_allowed_congestion_control, or system to keep net.ipv4.tcp_congestion_control. Connections to the API servers keep the node's default")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log verbosity: error, info, debug, or a number 0-10 (2: failed dials, 4: probes and connections); extractedprism's warn, dpanic, panic and fatal are taken as error")
 	fs.DurationVar(&o.livenessThreshold, "liveness-threshold", 0, "how long the health-check loop may go without a probe before /healthz fails (default 3 × --health-interval + --health-timeout)")
 	fs.DurationVar(&o.livenessInterval, "liveness-interval", 0, "accepted from extractedprism, no effect: the liveness heartbeat is the health-check loop itself, every --health-interval")

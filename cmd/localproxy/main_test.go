@@ -159,6 +159,8 @@ func TestValidation(t *testing.T) {
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
 		{"gomaxprocs negative", append(ok, "--gomaxprocs=-1"), nil, []string{"--gomaxprocs=-1", "at least 0"}},
 		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
+		{"loopback congestion control", append(ok, "--loopback-congestion-control=nosuchcc"), nil, []string{`invalid --loopback-congestion-control="nosuchcc"`, "not in this kernel", "tcp_available_congestion_control", `or "system"`}},
+		{"loopback congestion control name", ok, []string{"LOCALPROXY_LOOPBACK_CONGESTION_CONTROL", "BBR"}, []string{`LOCALPROXY_LOOPBACK_CONGESTION_CONTROL="BBR"`, "lowercase letters"}},
 		{"log level", append(ok, "--log-level=loud"), nil, []string{"--log-level", `"loud"`, "0-10"}},
 		{"log level too high", append(ok, "--log-level=11"), nil, []string{"--log-level", `"11"`}},
 		{"log format", append(ok, "--log-format=xml"), nil, []string{"--log-format", `"xml"`, "text or json"}},
@@ -394,6 +396,12 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "api.example.com", cfg.Origin)
 		assert.Equal(t, "/var/lib/x/state.json", cfg.StateFile)
 		assert.Equal(t, localproxy.ProxyProtocolV2, cfg.ProxyProtocol)
+		assert.Equal(t, localproxy.DefaultLoopbackCongestionControl, cfg.LoopbackCongestionControl)
+	})
+	t.Run("loopback congestion control", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--loopback-congestion-control=system"}, env())
+		require.NoError(t, err)
+		assert.Equal(t, localproxy.SystemCongestionControl, cfg.LoopbackCongestionControl)
 	})
 	t.Run("probes use the kubeconfig's credentials", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + f.kubeconfig}, env())
