@@ -468,7 +468,7 @@ func TestDatapathMarkdown(t *testing.T) {
 			{Path: pathDirect, Conns: 4000, WallUS: 120, MachineCPUUS: 221.3, MachineVsDirect: 1},
 		},
 		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9, MachineCPUPerGiB: 1.5, MachineBusy: 0.97, CPUBoundVsDirect: 0.6}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1, MachineCPUPerGiB: 0.9, MachineBusy: 0.99, CPUBoundVsDirect: 1}},
-		Link:       &DatapathLinkResults{Rate: "10gbit", TCP: LinkTCP{CongestionControl: "bbr", SinkCongestionControl: "bbr", Rmem: "4096 131072 6291456", Wmem: "4096 16384 4194304", SinkRmem: "4096 131072 33554432", SinkWmem: "4096 16384 4194304"}, Throughput: []DatapathThroughputRow{{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 1071.2, VsHAProxy: 1.69, VsDirect: 0.96, ProxyCPUPerGiB: 0.523, CPUVsHAProxy: 0.4, MachineCPUPerGiB: 1.56, MachineBusy: 0.82, CPUBoundVsDirect: 0.78}}},
+		Link:       &DatapathLinkResults{Rate: "10gbit", TCP: LinkTCP{CongestionControl: "bbr", LocalProxyLoopback: "reno", SinkCongestionControl: "bbr", Rmem: "4096 131072 6291456", Wmem: "4096 16384 4194304", SinkRmem: "4096 131072 33554432", SinkWmem: "4096 16384 4194304"}, Throughput: []DatapathThroughputRow{{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 1071.2, VsHAProxy: 1.69, VsDirect: 0.96, ProxyCPUPerGiB: 0.523, CPUVsHAProxy: 0.4, MachineCPUPerGiB: 1.56, MachineBusy: 0.82, CPUBoundVsDirect: 0.78}}},
 		Idle: []DatapathIdleRow{
 			{Path: pathNginx, Processes: 3, RSSKiB: 10240, FDs: 20},
 			{Path: pathNginx, Conns: 1000, Held: 990, Processes: 3, RSSKiB: 20480, FDs: 2000, KiBPerConn: 10.34, FDsPerConn: 2, KiBVsHAProxy: 0.5, Note: "held 990 of 1000 (10 failed to open)"},
@@ -481,7 +481,7 @@ func TestDatapathMarkdown(t *testing.T) {
 		"| upload | localproxy | 1234 | 1.10× | 0.50× | 0.800 | 0.90× | 1.500 | 97% | 0.60× |",
 		"| upload | direct | 2500 | - | 1.00× | - | - | 0.900 | 99% | 1.00× |",
 		"Throughput across a 10gbit link: ",
-		"TCP congestion control, the machine's: bbr on this side (what sends the uploads across the link, and both ways on loopback), bbr behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: 4096 131072 6291456 and 4096 16384 4194304 here, 4096 131072 33554432 and 4096 16384 4194304 behind the link.",
+		"TCP congestion control, the machine's: bbr on this side (what sends the uploads across the link, and both ways on loopback, but for localproxy's client sockets there, which use reno (its --loopback-congestion-control)), bbr behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: 4096 131072 6291456 and 4096 16384 4194304 here, 4096 131072 33554432 and 4096 16384 4194304 behind the link.",
 		"| download | localproxy | 1071 | 1.69× | 0.96× | 0.523 | 0.40× | 1.560 | 82% | 0.78× |",
 		"| nginx | 0 | 0 | 3 | 10.0 MiB | 20 | - | - | - |",
 		"| nginx (held 990 of 1000 (10 failed to open)) | 1000 | 990 | 3 | 20.0 MiB | 2000 | 10.3 KiB | 0.50× | 2.00 |",

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/apifailover/apifailover/localproxy"
 )
 
 // Results is results.json.
@@ -281,7 +283,11 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 			if t.Set {
 				how = "set for this measurement (-datapath-link-cc)"
 			}
-			w("TCP congestion control, %s: %s on this side (what sends the uploads across the link, and both ways on loopback), %s behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: %s and %s here, %s and %s behind the link.", how, t.CongestionControl, cmp.Or(t.SinkCongestionControl, "unknown"), t.Rmem, t.Wmem, cmp.Or(t.SinkRmem, "unknown"), cmp.Or(t.SinkWmem, "unknown"))
+			loop := "both ways on loopback"
+			if lp := t.LocalProxyLoopback; lp != "" && lp != localproxy.SystemCongestionControl && lp != t.CongestionControl {
+				loop += ", but for localproxy's client sockets there, which use " + lp + " (its --loopback-congestion-control)"
+			}
+			w("TCP congestion control, %s: %s on this side (what sends the uploads across the link, and %s), %s behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: %s and %s here, %s and %s behind the link.", how, t.CongestionControl, loop, cmp.Or(t.SinkCongestionControl, "unknown"), t.Rmem, t.Wmem, cmp.Or(t.SinkRmem, "unknown"), cmp.Or(t.SinkWmem, "unknown"))
 			w("")
 		}
 		if l.Error != "" {
