@@ -3,6 +3,7 @@ package localproxy
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -22,11 +23,13 @@ const (
 // dial that fell back to a later candidate). Pool events wake it earlier.
 const failbackPoll = time.Second
 
-// failback moves client connections back to the endpoint the pool puts
-// first (the one new connections go to) once it has been healthy without a
-// break for settle: the connections to endpoints it outranks
-// (upstream.Pool.Outranks: locality, static last resort, RTT tier — never
-// between equals) are closed one at a time, oldest first, at most one per
+// failback moves client connections back to the endpoint the pool
+// prefers (the one new connections go to, but for a moment of crowding:
+// upstream.Status.Preferred) once it has been healthy without a break for
+// settle: the connections to endpoints it outranks (upstream.Pool.Outranks:
+// locality, static last resort, RTT tier — never between equals) that
+// were made before its recovery are closed one at a time, oldest first, at
+// most one per
 // gap, each gap stretched by up to half at random, so that kubelet and
 // the node's watches reconnect to it without a herd. The first close of a
 // recovery waits a random part of a gap more, so that the proxies of a
@@ -53,6 +56,9 @@ type failback[C endpoint.Conn] struct {
 	since       time.Time
 	start, next time.Time // next: the earliest next close
 	moved       int       // connections closed for target
+	// mark: the connections registered when target's recovery was first
+	// seen (endpoint.Registry.Mark); only those are moved.
+	mark uint64
 }
 
 // newFailback returns the fail-back of settle and rate (connections per
@@ -95,19 +101,27 @@ func (f *failback[C]) onEvent(upstream.Event) {
 // step closes one connection if one is due and returns how long to wait
 // before the next step.
 func (f *failback[C]) step(now time.Time) time.Duration {
+	// The preferred endpoint is the first but for connections waiting
+	// for their first byte, which send new connections past it for a
+	// moment (a burst, or a server that stops answering): fail-back
+	// follows the lasting order, not that moment.
 	st := f.pool.Status()
-	if len(st) == 0 {
+	i := slices.IndexFunc(st, func(s upstream.Status) bool { return s.Preferred })
+	if i < 0 {
 		return failbackPoll
 	}
-	best := st[0]
+	best := st[i]
 	if best.State != upstream.StateHealthy || best.Suspect || best.Draining || best.Slow {
 		return failbackPoll
 	}
 	if best.Addr != f.target || !best.Since.Equal(f.since) {
 		// A new recovery (or a flap of the same endpoint): wait for it to
-		// settle.
+		// settle. Connections made from now on that go elsewhere do so
+		// for a passing reason (a dial that fell back, a burst): they
+		// stay where they are.
 		f.target, f.since, f.moved = best.Addr, best.Since, 0
 		f.start = best.Since.Add(f.settle + rand.N(f.gap+1))
+		f.mark = f.reg.Mark()
 	}
 	switch {
 	case now.Before(f.start):
@@ -116,7 +130,7 @@ func (f *failback[C]) step(now time.Time) time.Duration {
 		return f.next.Sub(now)
 	}
 	target := best.Addr
-	addr, skipped, ok := f.reg.CloseOldest(func(a string) bool { return f.pool.Outranks(target, a) })
+	addr, skipped, ok := f.reg.CloseOldest(func(a string) bool { return f.pool.Outranks(target, a) }, f.mark)
 	if !ok {
 		if skipped > 0 {
 			// Every candidate waits for an answer: look again soon.

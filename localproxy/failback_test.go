@@ -21,7 +21,9 @@ import (
 )
 
 // Endpoints of the fail-back tests: this proxy is in zone a, so A (zone
-// a) outranks B and C (zone b), which are equals.
+// a) outranks B and C (zone b), which are equals; or, in a bed of RTT
+// tiers (newFBBedTiers), all in one zone, A answers in 1ms (tier 0), B
+// and C in 5ms (tier 1).
 const (
 	fbA = "10.0.0.1:6443"
 	fbB = "10.0.0.2:6443"
@@ -72,6 +74,15 @@ type fbBed struct {
 }
 
 func newFBBed(t *testing.T, settle time.Duration, rate float64) *fbBed {
+	return newFBBedOf(t, settle, rate, false)
+}
+
+// newFBBedTiers is newFBBed with A outranking B and C by RTT tier.
+func newFBBedTiers(t *testing.T, settle time.Duration, rate float64) *fbBed {
+	return newFBBedOf(t, settle, rate, true)
+}
+
+func newFBBedOf(t *testing.T, settle time.Duration, rate float64, tiers bool) *fbBed {
 	b := &fbBed{t: t}
 	b.aDown.Store(true)
 	var err error
@@ -81,11 +92,22 @@ func newFBBed(t *testing.T, settle time.Duration, rate float64) *fbBed {
 			if addr == fbA && b.aDown.Load() {
 				return errors.New("connection refused")
 			}
+			if tiers {
+				rtt := 5 * time.Millisecond
+				if addr == fbA {
+					rtt = time.Millisecond
+				}
+				time.Sleep(rtt)
+			}
 			return nil
 		}),
 	})
 	require.NoError(t, err)
-	require.NoError(t, b.pool.Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: fbA, Zone: "a"}, {Addr: fbB, Zone: "b"}, {Addr: fbC, Zone: "b"}}))
+	zoneB := "b"
+	if tiers {
+		zoneB = "a"
+	}
+	require.NoError(t, b.pool.Set(upstream.SourceDiscovery, []upstream.Spec{{Addr: fbA, Zone: "a"}, {Addr: fbB, Zone: zoneB}, {Addr: fbC, Zone: zoneB}}))
 	b.reg = endpoint.NewRegistry[*fbConn](endpoint.RegistryConfig{Healthy: b.pool.Healthy})
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
@@ -102,6 +124,9 @@ func newFBBed(t *testing.T, settle time.Duration, rate float64) *fbBed {
 		wg.Wait()
 	})
 	synctest.Wait()
+	if tiers {
+		sleep(10 * time.Millisecond) // the probes' answers
+	}
 	require.Equal(t, upstream.StateUnhealthy, b.state(fbA))
 	return b
 }
@@ -258,6 +283,57 @@ func TestFailbackStopsWhenBetterFailsAndFlapResetsSettle(t *testing.T) {
 		for _, c := range got[stopped:] {
 			assert.False(t, c.at.Before(since.Add(settle)), "closed at %v, before %v", c.at, since.Add(settle))
 		}
+	})
+}
+
+// Only the connections that went to B and C before A's recovery are
+// moved: one that went there since, while A was healthy and first (a dial
+// that fell back, a burst that crowded A), went there for a passing
+// reason, and moving it would only cost its client a reconnection.
+func TestFailbackLeavesConnectionsMadeSinceTheRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const settle, rate = 10 * time.Second, 2.0
+		b := newFBBed(t, settle, rate)
+		var before []int
+		for i := range 4 {
+			before = append(before, b.add([]string{fbB, fbC}[i%2]).id)
+		}
+		since := b.setA(true)
+		sleep(time.Second)
+		b.add(fbB)
+		b.add(fbC)
+		sleep(settle - time.Since(since) + time.Minute)
+		var got []int
+		for _, c := range b.taken() {
+			got = append(got, c.id)
+		}
+		assert.Equal(t, before, got)
+		assert.Equal(t, map[string]int{fbB: 1, fbC: 1}, b.reg.Counts())
+	})
+}
+
+// A preferred endpoint crowded with connections waiting for their first
+// byte ranks one RTT tier slower for new connections (upstream.Pool's
+// order): B goes first in the candidate order meanwhile. Fail-back keeps
+// moving connections to A, the preferred endpoint, as before.
+func TestFailbackFollowsThePreferredEndpointThroughCrowding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const settle, rate = 10 * time.Second, 1.0
+		b := newFBBedTiers(t, settle, rate)
+		for i := range 20 {
+			b.add([]string{fbB, fbC}[i%2])
+		}
+		since := b.setA(true)
+		sleep(settle - time.Since(since) + 3*time.Second)
+		require.Equal(t, fbA, b.pool.Candidates()[0])
+		n := len(b.taken())
+		require.NotZero(t, n, "nothing moved once A settled")
+
+		b.pool.AddWaiting(fbA, 2)
+		require.NotEqual(t, fbA, b.pool.Candidates()[0], "A, crowded, still first")
+		sleep(5 * time.Second) // 3-5 closes at 1/s, each gap up to 1.5s
+		assert.GreaterOrEqual(t, len(b.taken()), n+3, "fail-back stopped while A was crowded")
+		b.pool.AddWaiting(fbA, -2)
 	})
 }
 

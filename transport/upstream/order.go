@@ -115,10 +115,12 @@ const crowdedWaiting = 2
 // rankedTier is the RTT tier the order ranks k by: one tier slower with
 // crowdedWaiting or more connections waiting. Waiting alone breaks ties
 // within a tier, so a server that hangs while alone in the best tier (a
-// local apiserver, or one a millisecond closer) would otherwise get every
-// new connection until its first one passes the first-byte deadline and
-// it ranks as stalled; a burst to healthy servers spreads over one tier
-// more, not over all of them. Derived from waiting, it is no key of the
+// millisecond closer than the rest) would otherwise get every new
+// connection until its first one passes the first-byte deadline and it
+// ranks as stalled; a burst to healthy servers spreads over one tier
+// more, not over all of them. Locality ranks before the tier: a local or
+// same-zone server alone in its class keeps new connections until it is
+// stalled. Derived from waiting, it is no key of the
 // preferred endpoint either (rebuildLocked).
 func (k rankKey) rankedTier() int {
 	if k.waiting >= crowdedWaiting {
