@@ -46,13 +46,17 @@ const (
 // (Config.LoopbackCongestionControl).
 const (
 	// DefaultLoopbackCongestionControl is reno on Linux: it does not pace,
-	// every Linux kernel has it, and any process may choose it. Elsewhere
-	// it is SystemCongestionControl.
+	// every Linux kernel has it, and any process may choose it unless
+	// net.ipv4.tcp_allowed_congestion_control was set without it (New
+	// then keeps the system's). Elsewhere it is SystemCongestionControl.
 	DefaultLoopbackCongestionControl = defaultLoopbackCongestionControl
 	// SystemCongestionControl leaves loopback client connections with the
 	// system's default congestion control.
 	SystemCongestionControl = "system"
 )
+
+// checkCongestionControl is CheckCongestionControl; tests replace it.
+var checkCongestionControl = CheckCongestionControl
 
 // maxCongestionName is the longest name of a TCP congestion control
 // (TCP_CA_NAME_MAX, 16 with the terminating zero).
@@ -267,10 +271,12 @@ type Config struct {
 	// through the proxy fell behind a direct connection's across a
 	// 10 Gbit/s link, and kept up with it on reno, at about 30% less of
 	// the proxy's CPU per GiB (README, "Bulk across the link"). Upstream
-	// connections keep the node's choice. If empty, DefaultLoopbackCongestionControl;
-	// SystemCongestionControl keeps the system default
-	// (net.ipv4.tcp_congestion_control). Others are checked with
-	// CheckCongestionControl.
+	// connections keep the node's choice. If empty,
+	// DefaultLoopbackCongestionControl, or the system default where this
+	// process may not set that one (logged); SystemCongestionControl keeps
+	// the system default (net.ipv4.tcp_congestion_control). Others are
+	// checked with CheckCongestionControl: New fails on one this process
+	// may not set.
 	LoopbackCongestionControl string
 	// FirstByteTimeout is the floor of the first-byte deadline. An
 	// upstream that sends nothing by the deadline after the client's first
@@ -376,9 +382,15 @@ func (c *Config) setDefaults() error {
 	c.KeepAlive = endpoint.OrDefault(c.KeepAlive, DefaultKeepAlive)
 	c.UserTimeout = endpoint.OrDefault(c.UserTimeout, DefaultUserTimeout)
 	if c.LoopbackCongestionControl == "" {
+		// The default is no reason to refuse to start: a node that keeps
+		// reno from unprivileged processes (it is not in
+		// net.ipv4.tcp_allowed_congestion_control) keeps its own.
 		c.LoopbackCongestionControl = DefaultLoopbackCongestionControl
-	}
-	if err := CheckCongestionControl(c.LoopbackCongestionControl); err != nil {
+		if err := checkCongestionControl(c.LoopbackCongestionControl); err != nil {
+			c.LoopbackCongestionControl = SystemCongestionControl
+			c.Logger.Info("client connections on loopback keep the system's TCP congestion control", "reason", err.Error())
+		}
+	} else if err := checkCongestionControl(c.LoopbackCongestionControl); err != nil {
 		return fmt.Errorf("localproxy: LoopbackCongestionControl: %w", err)
 	}
 	if c.MaxConnections == 0 {

@@ -1,7 +1,11 @@
 package localproxy_test
 
 import (
+	"bytes"
+	"errors"
 	"testing"
+
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,4 +34,28 @@ func TestCheckCongestionControl(t *testing.T) {
 	_, err := localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:6443"}, LoopbackCongestionControl: "nosuchcc"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `localproxy: LoopbackCongestionControl: "nosuchcc" is not in this kernel`)
+}
+
+// A node that keeps reno from unprivileged processes (left out of
+// net.ipv4.tcp_allowed_congestion_control) does not stop the proxy from
+// starting on the default: it keeps the system's congestion control on
+// loopback, and says so. A value the caller chose is still refused.
+func TestLoopbackCongestionDefaultFallsBack(t *testing.T) {
+	notAllowed := errors.New(`"reno" is not allowed to this process without CAP_NET_ADMIN`)
+	defer localproxy.SetCheckCongestionControl(func(name string) error {
+		if name == localproxy.SystemCongestionControl {
+			return nil
+		}
+		return notAllowed
+	})()
+	var logged bytes.Buffer
+	log := funcr.New(func(prefix, args string) { logged.WriteString(args + "\n") }, funcr.Options{})
+	p, err := localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:6443"}, Logger: log})
+	require.NoError(t, err)
+	assert.Equal(t, localproxy.SystemCongestionControl, p.LoopbackCongestionControl())
+	assert.Contains(t, logged.String(), "keep the system's TCP congestion control")
+	assert.Contains(t, logged.String(), "without CAP_NET_ADMIN")
+
+	_, err = localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:6443"}, LoopbackCongestionControl: "reno"})
+	require.ErrorIs(t, err, notAllowed)
 }

@@ -2,7 +2,11 @@
 
 package localproxy
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"runtime"
+)
 
 // CheckCongestionControl allows only SystemCongestionControl here:
 // TCP_CONGESTION is Linux's.
@@ -13,7 +17,7 @@ func CheckCongestionControl(name string) error {
 	if err := checkCongestionName(name); err != nil {
 		return err
 	}
-	return errors.New("TCP_CONGESTION is not supported on this system: want " + SystemCongestionControl)
+	return fmt.Errorf("%q: TCP_CONGESTION is not supported on %s: want %q", name, runtime.GOOS, SystemCongestionControl)
 }
 
 func setCongestionFD(int, string) error { return errors.ErrUnsupported }

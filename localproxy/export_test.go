@@ -87,3 +87,11 @@ func (p *Proxy) Trims() int64 { return p.trims.Load() }
 // TrimIdleWorkers is how many workers waited for a connection to set up
 // at the last trim.
 func (p *Proxy) TrimIdleWorkers() int64 { return p.trimIdle.Load() }
+
+// SetCheckCongestionControl replaces CheckCongestionControl where New
+// checks Config.LoopbackCongestionControl, until restore.
+func SetCheckCongestionControl(f func(string) error) (restore func()) {
+	prev := checkCongestionControl
+	checkCongestionControl = f
+	return func() { checkCongestionControl = prev }
+}

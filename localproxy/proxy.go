@@ -300,6 +300,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return nil
 }
 
+// LoopbackCongestionControl returns the TCP congestion control of client
+// connections on loopback, as New settled it: a name, or
+// SystemCongestionControl.
+func (p *Proxy) LoopbackCongestionControl() string { return p.cfg.LoopbackCongestionControl }
+
 // loopbackCC returns the congestion control to set on a client socket
 // whose local address is ip: Config.LoopbackCongestionControl on a
 // loopback address; "" (keep the system's) elsewhere, or with
@@ -310,6 +315,10 @@ func (p *Proxy) loopbackCC(ip netip.Addr) string {
 	}
 	return ""
 }
+
+// errWildcard: a listener on a wildcard address cannot carry a congestion
+// control meant for loopback connections only.
+var errWildcard = errors.New("a wildcard listener: the congestion control of loopback connections is set on each")
 
 // setCongestion sets the congestion control cc on the socket of rc;
 // with cc "", nothing.
@@ -354,6 +363,12 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 					return err
 				}
 				ap, _ := netip.ParseAddrPort(address)
+				if ap.Addr().IsUnspecified() && p.loopbackCC(netip.IPv6Loopback()) != "" {
+					// A wildcard listener takes loopback clients and
+					// others alike: the congestion control is set on
+					// each loopback connection, with the rest.
+					return errWildcard
+				}
 				return setCongestion(rc, p.loopbackCC(ap.Addr()))
 			})
 			if err == nil && !tuned {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -196,7 +197,7 @@ func TestSocketOptionsBothSides(t *testing.T) {
 // The congestion control is set on loopback client connections only: one
 // accepted on another address of this host (a client in a pod, on the
 // node's address) keeps the system's, on the proxy's own listener and on
-// a caller's alike.
+// a caller's alike, and on a wildcard listener, which takes both.
 func TestLoopbackCongestionOnLoopbackOnly(t *testing.T) {
 	sys, other := systemCC(t)
 	var ip string
@@ -222,17 +223,20 @@ func TestLoopbackCongestionOnLoopbackOnly(t *testing.T) {
 			echo := newEcho(t)
 			cfg := tc.cfg
 			cfg.Endpoints = []string{echo.addr()}
-			cfg.ListenAddresses = []string{"127.0.0.1:0", net.JoinHostPort(ip, "0")}
+			cfg.ListenAddresses = []string{"127.0.0.1:0", net.JoinHostPort(ip, "0"), "0.0.0.0:0"}
 			cfg.LoopbackCongestionControl = other
 			r := start(t, cfg)
+			addrs := r.Addrs()
+			require.Len(t, addrs, 3)
+			wildPort := strconv.Itoa(addrs[2].(*net.TCPAddr).Port)
 			want := map[string]string{}
-			for i, a := range r.Addrs() {
-				c := dial(t, a.String())
+			for i, a := range []string{addrs[0].String(), addrs[1].String(), net.JoinHostPort("127.0.0.1", wildPort), net.JoinHostPort(ip, wildPort)} {
+				c := dial(t, a)
 				require.NoError(t, roundTrip(c, "cc"))
-				want[c.LocalAddr().String()] = []string{other, sys}[i]
+				want[c.LocalAddr().String()] = []string{other, sys}[i%2]
 			}
 			ends := r.CopyEnds()
-			require.Len(t, ends, 2)
+			require.Len(t, ends, 4)
 			for _, e := range ends {
 				var got tcpOpts
 				if e.OnLoop {

@@ -477,10 +477,14 @@ func (b *builder) connections(cfg *localproxy.Config) {
 		b.reject("proxy-protocol", b.proxyProtocol, "want "+oneOf("none", "v1", "v2"))
 	}
 	cfg.ProxyProtocol = pp
-	if err := localproxy.CheckCongestionControl(b.loopbackCC); err != nil {
-		b.reject("loopback-congestion-control", b.loopbackCC, err.Error())
+	// Left at its default, the library's default applies, which gives
+	// way to the system's where this process may not set it.
+	if _, set := b.from["loopback-congestion-control"]; set {
+		if err := localproxy.CheckCongestionControl(b.loopbackCC); err != nil {
+			b.reject("loopback-congestion-control", b.loopbackCC, err.Error())
+		}
+		cfg.LoopbackCongestionControl = b.loopbackCC
 	}
-	cfg.LoopbackCongestionControl = b.loopbackCC
 }
 
 // logging checks --log-level and --log-format; run sets up the logger.

@@ -126,7 +126,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	procs := applyGOMAXPROCS(o.gomaxprocs, procsSet, getenv("GOMAXPROCS"))
 	log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision, "endpoints", cfg.Endpoints, "listen", cfg.ListenAddresses,
 		"health", cfg.HealthAddress, "probe", o.probe, "probeCredentials", p.Prober().Credentials(), "origin", cfg.Origin, "discovery", cfg.Discovery != nil,
-		"zone", cfg.Pool.Zone, "zoneFromNode", cfg.NodeName, "gomaxprocs", procs, "loopbackCongestionControl", cfg.LoopbackCongestionControl)
+		"zone", cfg.Pool.Zone, "zoneFromNode", cfg.NodeName, "gomaxprocs", procs, "loopbackCongestionControl", p.LoopbackCongestionControl())
 	if e := o.exporter; e != nil {
 		e.pool, e.log = p.Pool(), log.WithName("export")
 		ctx, cancel := context.WithCancel(ctx)

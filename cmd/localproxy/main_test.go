@@ -396,7 +396,7 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, "api.example.com", cfg.Origin)
 		assert.Equal(t, "/var/lib/x/state.json", cfg.StateFile)
 		assert.Equal(t, localproxy.ProxyProtocolV2, cfg.ProxyProtocol)
-		assert.Equal(t, localproxy.DefaultLoopbackCongestionControl, cfg.LoopbackCongestionControl)
+		assert.Empty(t, cfg.LoopbackCongestionControl, "the library's default, which gives way to the system's where not allowed")
 	})
 	t.Run("loopback congestion control", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--loopback-congestion-control=system"}, env())

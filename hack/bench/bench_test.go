@@ -480,6 +480,7 @@ func TestDatapathMarkdown(t *testing.T) {
 		"### Data path",
 		"| upload | localproxy | 1234 | 1.10× | 0.50× | 0.800 | 0.90× | 1.500 | 97% | 0.60× |",
 		"| upload | direct | 2500 | - | 1.00× | - | - | 0.900 | 99% | 1.00× |",
+		"localproxy sets the congestion control of its client sockets on loopback (--loopback-congestion-control=reno); every other socket has the network namespace's.",
 		"Throughput across a 10gbit link: ",
 		"TCP congestion control, the machine's: bbr on this side (what sends the uploads across the link, and both ways on loopback, but for localproxy's client sockets there, which use reno (its --loopback-congestion-control)), bbr behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: 4096 131072 6291456 and 4096 16384 4194304 here, 4096 131072 33554432 and 4096 16384 4194304 behind the link.",
 		"| download | localproxy | 1071 | 1.69× | 0.96× | 0.523 | 0.40× | 1.560 | 82% | 0.78× |",

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/apifailover/apifailover/hack/peers"
+	"github.com/apifailover/apifailover/localproxy"
 )
 
 // The peers are configured as kubespray configures the localhost load
@@ -182,6 +183,9 @@ func localproxyArgs(servers []string, caFile, serverName, kubeconfig string) []s
 		"--shutdown-timeout=0",
 		// Profiles of the overhead ops (profileLocalProxy).
 		"--profiling",
+		// The default, stated: the data path's report names it
+		// (LinkTCP.LocalProxyLoopback), whatever the environment says.
+		"--loopback-congestion-control=" + localproxy.DefaultLoopbackCongestionControl,
 	}
 	if kubeconfig != "" {
 		args = append(args, "--enable-discovery", "--kubeconfig="+kubeconfig)

@@ -271,7 +271,7 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 		w("")
 	}
 	if len(d.Throughput) > 0 {
-		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds)
+		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. localproxy sets the congestion control of its client sockets on loopback (--loopback-congestion-control=%s); every other socket has the network namespace's. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds, localproxy.DefaultLoopbackCongestionControl)
 		w("")
 		throughputTable(w, d.Throughput)
 	}
