@@ -27,9 +27,8 @@ const failbackPoll = time.Second
 // prefers (the one new connections go to, but for a moment of crowding:
 // upstream.Status.Preferred) once it has been healthy without a break for
 // settle: the connections to endpoints it outranks (upstream.Pool.Outranks:
-// locality, static last resort, RTT tier — never between equals) that
-// were made before its recovery are closed one at a time, oldest first, at
-// most one per
+// locality, static last resort, RTT tier — never between equals) are
+// closed one at a time, oldest first, at most one per
 // gap, each gap stretched by up to half at random, so that kubelet and
 // the node's watches reconnect to it without a herd. The first close of a
 // recovery waits a random part of a gap more, so that the proxies of a
@@ -50,15 +49,12 @@ type failback[C endpoint.Conn] struct {
 	kick   chan struct{} // pool events; capacity 1
 
 	// Used by run's goroutine only. target and since identify the
-	// recovery being waited for or acted on: the first endpoint and when
+	// recovery being waited for or acted on: the preferred endpoint and when
 	// it last became healthy; start is when its first close may happen.
 	target      string
 	since       time.Time
 	start, next time.Time // next: the earliest next close
 	moved       int       // connections closed for target
-	// mark: the connections registered when target's recovery was first
-	// seen (endpoint.Registry.Mark); only those are moved.
-	mark uint64
 }
 
 // newFailback returns the fail-back of settle and rate (connections per
@@ -90,7 +86,7 @@ func (f *failback[C]) run(ctx context.Context) {
 	}
 }
 
-// onEvent wakes run: the first endpoint or its health may have changed.
+// onEvent wakes run: the preferred endpoint or its health may have changed.
 func (f *failback[C]) onEvent(upstream.Event) {
 	select {
 	case f.kick <- struct{}{}:
@@ -116,12 +112,9 @@ func (f *failback[C]) step(now time.Time) time.Duration {
 	}
 	if best.Addr != f.target || !best.Since.Equal(f.since) {
 		// A new recovery (or a flap of the same endpoint): wait for it to
-		// settle. Connections made from now on that go elsewhere do so
-		// for a passing reason (a dial that fell back, a burst): they
-		// stay where they are.
+		// settle.
 		f.target, f.since, f.moved = best.Addr, best.Since, 0
 		f.start = best.Since.Add(f.settle + rand.N(f.gap+1))
-		f.mark = f.reg.Mark()
 	}
 	switch {
 	case now.Before(f.start):
@@ -130,20 +123,20 @@ func (f *failback[C]) step(now time.Time) time.Duration {
 		return f.next.Sub(now)
 	}
 	target := best.Addr
-	addr, skipped, ok := f.reg.CloseOldest(func(a string) bool { return f.pool.Outranks(target, a) }, f.mark)
+	addr, skipped, ok := f.reg.CloseOldest(func(a string) bool { return f.pool.Outranks(target, a) })
 	if !ok {
 		if skipped > 0 {
 			// Every candidate waits for an answer: look again soon.
 			return f.jitteredGap()
 		}
 		if f.moved > 0 {
-			f.log.Info("fail-back done: no connection left on an endpoint the first one outranks", "endpoint", target, "moved", f.moved)
+			f.log.Info("fail-back done: no connection left on an endpoint the preferred one outranks", "endpoint", target, "moved", f.moved)
 			f.moved = 0
 		}
 		return failbackPoll
 	}
 	if f.moved == 0 {
-		f.log.Info("moving client connections back to the first endpoint, one at a time", "endpoint", target,
+		f.log.Info("moving client connections back to the preferred endpoint, one at a time", "endpoint", target,
 			"healthyFor", now.Sub(best.Since).Round(time.Millisecond), "every", f.gap)
 	}
 	f.moved++

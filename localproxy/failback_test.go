@@ -286,32 +286,6 @@ func TestFailbackStopsWhenBetterFailsAndFlapResetsSettle(t *testing.T) {
 	})
 }
 
-// Only the connections that went to B and C before A's recovery are
-// moved: one that went there since, while A was healthy and first (a dial
-// that fell back, a burst that crowded A), went there for a passing
-// reason, and moving it would only cost its client a reconnection.
-func TestFailbackLeavesConnectionsMadeSinceTheRecovery(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const settle, rate = 10 * time.Second, 2.0
-		b := newFBBed(t, settle, rate)
-		var before []int
-		for i := range 4 {
-			before = append(before, b.add([]string{fbB, fbC}[i%2]).id)
-		}
-		since := b.setA(true)
-		sleep(time.Second)
-		b.add(fbB)
-		b.add(fbC)
-		sleep(settle - time.Since(since) + time.Minute)
-		var got []int
-		for _, c := range b.taken() {
-			got = append(got, c.id)
-		}
-		assert.Equal(t, before, got)
-		assert.Equal(t, map[string]int{fbB: 1, fbC: 1}, b.reg.Counts())
-	})
-}
-
 // A preferred endpoint crowded with connections waiting for their first
 // byte ranks one RTT tier slower for new connections (upstream.Pool's
 // order): B goes first in the candidate order meanwhile. Fail-back keeps

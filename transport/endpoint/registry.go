@@ -368,24 +368,17 @@ func (r *Registry[C]) Retire(which func(addr string) bool) int {
 	return len(cs)
 }
 
-// Mark returns a mark of the connections added so far, for CloseOldest.
-func (r *Registry[C]) Mark() uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.adds
-}
-
-// CloseOldest closes the oldest connection (by Add) among those added by
-// upTo (a Mark) to the endpoints for which which returns true, skipping
-// those drained (their drain closes them), those waiting for an answer
-// (see Busy: closing one would fail its request) and those that moved
-// data less than QuietFor ago (an answer arriving: its request, past
-// waiting, would fail all the same), and returns its endpoint. The connection is forgotten
+// CloseOldest closes the oldest connection (by Add) to the endpoints for
+// which which returns true, skipping those drained (their drain closes
+// them), those waiting for an answer (see Busy: closing one would fail
+// its request) and those that moved data less than QuietFor ago (an
+// answer arriving: its request, past waiting, would fail all the same),
+// and returns its endpoint. The connection is forgotten
 // before Close, as for a drain. ok is false when there was none to close;
 // skipped then counts those skipped as waiting or not quiet, so that the
 // caller can try again later. which is called without the registry's
 // lock.
-func (r *Registry[C]) CloseOldest(which func(addr string) bool, upTo uint64) (addr string, skipped int, ok bool) {
+func (r *Registry[C]) CloseOldest(which func(addr string) bool) (addr string, skipped int, ok bool) {
 	r.mu.Lock()
 	addrs := make([]string, 0, len(r.conns))
 	for a := range r.conns {
@@ -410,9 +403,6 @@ func (r *Registry[C]) CloseOldest(which func(addr string) bool, upTo uint64) (ad
 				if _, drained := dr.conns[c]; drained {
 					continue
 				}
-			}
-			if r.added[c] > upTo {
-				continue
 			}
 			cands = append(cands, cand{a, c, r.added[c]})
 		}

@@ -408,7 +408,7 @@ func TestSinceData(t *testing.T) {
 
 // CloseOldest closes one connection at a time, oldest first across the
 // chosen endpoints, forgetting it first; it skips connections waiting for
-// an answer, those a drain already owns and those added after the mark.
+// an answer and those a drain already owns.
 func TestRegistryCloseOldest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const third = "10.0.0.3:6443"
@@ -429,14 +429,14 @@ func TestRegistryCloseOldest(t *testing.T) {
 		o1, a1, t1, a2, o2 := add(other, false), add(a, true), add(third, false), add(a, false), add(other, false)
 		notThird := func(addr string) bool { return addr != third }
 
-		addr, skipped, ok := r.CloseOldest(notThird, r.Mark())
+		addr, skipped, ok := r.CloseOldest(notThird)
 		assert.True(t, ok)
 		assert.Equal(t, other, addr)
 		assert.Zero(t, skipped)
 		assert.True(t, o1.closed.Load(), "the oldest")
 		assert.Equal(t, 1, r.Len(other), "forgotten")
 
-		addr, skipped, ok = r.CloseOldest(notThird, r.Mark())
+		addr, skipped, ok = r.CloseOldest(notThird)
 		assert.True(t, ok)
 		assert.Equal(t, a, addr)
 		assert.Equal(t, 1, skipped, "a1 waits for an answer")
@@ -448,41 +448,30 @@ func TestRegistryCloseOldest(t *testing.T) {
 		// request being sent (data sent, an answer came before it): in
 		// use until QuietFor without data either way.
 		o2.recv = 10 * time.Millisecond
-		_, skipped, ok = r.CloseOldest(func(addr string) bool { return addr == other }, r.Mark())
+		_, skipped, ok = r.CloseOldest(func(addr string) bool { return addr == other })
 		assert.False(t, ok, "an answer arrives on o2")
 		assert.Equal(t, 1, skipped)
 		o2.sent, o2.recv = time.Minute, endpoint.QuietFor-time.Millisecond
-		_, _, ok = r.CloseOldest(func(addr string) bool { return addr == other }, r.Mark())
+		_, _, ok = r.CloseOldest(func(addr string) bool { return addr == other })
 		assert.False(t, ok, "o2 received data less than QuietFor ago")
 		o2.sent, o2.recv = time.Minute, endpoint.QuietFor
 		o2.busy = true
 
 		// A drain owns other's connections now.
 		r.OnEvent(upstream.Event{Kind: upstream.EventDown, Addr: other, Err: &endpoint.ReadyzError{Status: 500}})
-		_, skipped, ok = r.CloseOldest(notThird, r.Mark())
+		_, skipped, ok = r.CloseOldest(notThird)
 		assert.False(t, ok, "nothing left but a waiting and a drained one")
 		assert.Equal(t, 1, skipped)
 		assert.False(t, o2.closed.Load())
 		assert.False(t, t1.closed.Load())
 
-		_, _, ok = r.CloseOldest(func(string) bool { return false }, r.Mark())
+		_, _, ok = r.CloseOldest(func(string) bool { return false })
 		assert.False(t, ok)
-		addr, _, ok = r.CloseOldest(func(string) bool { return true }, r.Mark())
+		addr, _, ok = r.CloseOldest(func(string) bool { return true })
 		assert.True(t, ok)
 		assert.Equal(t, third, addr)
 		r.Remove(third, t1) // the front end's own cleanup: harmless
 		assert.Equal(t, map[string]int{a: 1, other: 1}, r.Counts())
-
-		// Only the connections added by the mark given.
-		mark := r.Mark()
-		late := add(third, false)
-		_, _, ok = r.CloseOldest(func(addr string) bool { return addr == third }, mark)
-		assert.False(t, ok, "added after the mark")
-		assert.False(t, late.closed.Load())
-		addr, _, ok = r.CloseOldest(func(addr string) bool { return addr == third }, r.Mark())
-		assert.True(t, ok)
-		assert.Equal(t, third, addr)
-		assert.True(t, late.closed.Load())
 		r.Close()
 	})
 }
