@@ -28,7 +28,7 @@ func CheckCongestionControl(name string) error {
 		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	}
 	if err != nil {
-		return fmt.Errorf("%q cannot be tried: no TCP socket: %w", name, err)
+		return fmt.Errorf("%q cannot be tried: no TCP socket: %w; %q needs none", name, err, SystemCongestionControl)
 	}
 	defer unix.Close(fd)
 	err = setCongestionFD(fd, name)
@@ -40,7 +40,7 @@ func CheckCongestionControl(name string) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("%q is not allowed to this process without CAP_NET_ADMIN: want one of net.ipv4.tcp_allowed_congestion_control (%s), or %q", name, congestionSysctl("allowed"), SystemCongestionControl)
 	}
-	return fmt.Errorf("%q: %w", name, err)
+	return fmt.Errorf("%q: %w; want one of net.ipv4.tcp_allowed_congestion_control (%s), or %q", name, err, congestionSysctl("allowed"), SystemCongestionControl)
 }
 
 // congestionSysctl returns net.ipv4.tcp_<which>_congestion_control, or

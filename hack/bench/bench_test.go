@@ -462,13 +462,13 @@ func TestFillShortRatios(t *testing.T) {
 
 func TestDatapathMarkdown(t *testing.T) {
 	r := &Results{Date: "2026-01-02 03:04 UTC", Datapath: &DatapathResults{
-		Config: datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820, ShortConns: 4000},
+		Config: datapathConfig{MiB: 1024, Rounds: 4, IdleConns: []int{1000, 9800}, Requested: []int{1000, 10000}, NofileLimit: 20000, HAProxyMaxconn: 9820, ShortConns: 4000, LocalProxyLoopbackCC: "reno"},
 		Short: []DatapathShortRow{
 			{Path: pathLocalProxy, Conns: 4000, WallUS: 312.4, ProxyCPUUS: 146.25, CPUVsHAProxy: 1.34, MachineCPUUS: 420.5, MachineVsHAProxy: 1.1, MachineVsDirect: 1.9},
 			{Path: pathDirect, Conns: 4000, WallUS: 120, MachineCPUUS: 221.3, MachineVsDirect: 1},
 		},
 		Throughput: []DatapathThroughputRow{{Direction: dirUpload, Path: pathLocalProxy, MiBPerSec: 1234.4, VsHAProxy: 1.1, VsDirect: 0.5, ProxyCPUPerGiB: 0.8, CPUVsHAProxy: 0.9, MachineCPUPerGiB: 1.5, MachineBusy: 0.97, CPUBoundVsDirect: 0.6}, {Direction: dirUpload, Path: pathDirect, MiBPerSec: 2500, VsDirect: 1, MachineCPUPerGiB: 0.9, MachineBusy: 0.99, CPUBoundVsDirect: 1}},
-		Link:       &DatapathLinkResults{Rate: "10gbit", TCP: LinkTCP{CongestionControl: "bbr", LocalProxyLoopback: "reno", SinkCongestionControl: "bbr", Rmem: "4096 131072 6291456", Wmem: "4096 16384 4194304", SinkRmem: "4096 131072 33554432", SinkWmem: "4096 16384 4194304"}, Throughput: []DatapathThroughputRow{{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 1071.2, VsHAProxy: 1.69, VsDirect: 0.96, ProxyCPUPerGiB: 0.523, CPUVsHAProxy: 0.4, MachineCPUPerGiB: 1.56, MachineBusy: 0.82, CPUBoundVsDirect: 0.78}}},
+		Link:       &DatapathLinkResults{Rate: "10gbit", TCP: LinkTCP{CongestionControl: "bbr", SinkCongestionControl: "bbr", Rmem: "4096 131072 6291456", Wmem: "4096 16384 4194304", SinkRmem: "4096 131072 33554432", SinkWmem: "4096 16384 4194304"}, Throughput: []DatapathThroughputRow{{Direction: dirDownload, Path: pathLocalProxy, MiBPerSec: 1071.2, VsHAProxy: 1.69, VsDirect: 0.96, ProxyCPUPerGiB: 0.523, CPUVsHAProxy: 0.4, MachineCPUPerGiB: 1.56, MachineBusy: 0.82, CPUBoundVsDirect: 0.78}}},
 		Idle: []DatapathIdleRow{
 			{Path: pathNginx, Processes: 3, RSSKiB: 10240, FDs: 20},
 			{Path: pathNginx, Conns: 1000, Held: 990, Processes: 3, RSSKiB: 20480, FDs: 2000, KiBPerConn: 10.34, FDsPerConn: 2, KiBVsHAProxy: 0.5, Note: "held 990 of 1000 (10 failed to open)"},
@@ -495,7 +495,7 @@ func TestDatapathMarkdown(t *testing.T) {
 		"measured at 1000, 9800.",
 	)
 	r.Datapath.Link.TCP = LinkTCP{CongestionControl: "cubic", Set: true, Rmem: "1 2 3", Wmem: "4 5 6"}
-	wantLines(t, r.markdown(), "TCP congestion control, set for this measurement (-datapath-link-cc): cubic on this side (what sends the uploads across the link, and both ways on loopback), unknown behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: 1 2 3 and 4 5 6 here, unknown and unknown behind the link.")
+	wantLines(t, r.markdown(), "TCP congestion control, set for this measurement (-datapath-link-cc): cubic on this side (what sends the uploads across the link, and both ways on loopback, but for localproxy's client sockets there, which use reno (its --loopback-congestion-control)), unknown behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: 1 2 3 and 4 5 6 here, unknown and unknown behind the link.")
 	if strings.Index(md, "Throughput across") < strings.Index(md, "| upload | direct |") {
 		t.Error("the link's table comes before the loopback's")
 	}

@@ -79,6 +79,10 @@ type datapathConfig struct {
 	// LinkCC is the TCP congestion control the link's measurement runs
 	// with (-datapath-link-cc; "": the machine's).
 	LinkCC string `json:"link_congestion_control,omitempty"`
+	// LocalProxyLoopbackCC is localproxy's --loopback-congestion-control,
+	// which the bench passes (localproxyArgs): its client sockets on
+	// loopback use it; every other socket the namespace's default.
+	LocalProxyLoopbackCC string `json:"localproxy_loopback_congestion_control,omitempty"`
 }
 
 // shortBytes is what the sink sends on a short connection.
@@ -655,6 +659,7 @@ func runDatapath(ctx context.Context, e *env, paths []string, cfg datapathConfig
 			names = append(names, p)
 		}
 	}
+	cfg.LocalProxyLoopbackCC = localproxy.DefaultLoopbackCongestionControl
 	r := &DatapathResults{Config: cfg}
 	if len(names) == 0 {
 		return r, nil

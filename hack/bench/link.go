@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/apifailover/apifailover/hack/peers"
-	"github.com/apifailover/apifailover/localproxy"
 )
 
 // The data path across a link: the throughput measurement again, with the
@@ -73,10 +72,6 @@ type LinkTCP struct {
 	// Set: -datapath-link-cc chose them, for the measurement only; else
 	// they are the machine's.
 	Set bool `json:"set,omitempty"`
-	// LocalProxyLoopback is the congestion control of localproxy's client
-	// sockets on loopback (its --loopback-congestion-control, which the
-	// bench leaves at the default); "system" for the namespace's.
-	LocalProxyLoopback string `json:"localproxy_loopback_congestion_control,omitempty"`
 	// Rmem and Wmem are net.ipv4.tcp_rmem and tcp_wmem on this side,
 	// SinkRmem and SinkWmem behind the link: min, default and max buffer
 	// sizes, autotuning's bounds.
@@ -102,8 +97,7 @@ func sysctlValue(s string) string { return strings.Join(strings.Fields(s), " ") 
 // readLinkTCP reads the TCP settings of this namespace, and of the
 // namespace of process sink.
 func readLinkTCP(sink int, set bool) LinkTCP {
-	t := LinkTCP{CongestionControl: readSysctl(sysctlCC), Set: set, Rmem: readSysctl(sysctlRmem), Wmem: readSysctl(sysctlWmem),
-		LocalProxyLoopback: localproxy.DefaultLoopbackCongestionControl}
+	t := LinkTCP{CongestionControl: readSysctl(sysctlCC), Set: set, Rmem: readSysctl(sysctlRmem), Wmem: readSysctl(sysctlWmem)}
 	out, err := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(sink)+"/ns/net", "cat", sysctlCC, sysctlRmem, sysctlWmem).Output()
 	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil && len(lines) == 3 {
 		t.SinkCongestionControl = sysctlValue(lines[0])

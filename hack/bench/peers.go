@@ -184,7 +184,8 @@ func localproxyArgs(servers []string, caFile, serverName, kubeconfig string) []s
 		// Profiles of the overhead ops (profileLocalProxy).
 		"--profiling",
 		// The default, stated: the data path's report names it
-		// (LinkTCP.LocalProxyLoopback), whatever the environment says.
+		// (datapathConfig.LocalProxyLoopbackCC), whatever the
+		// environment says.
 		"--loopback-congestion-control=" + localproxy.DefaultLoopbackCongestionControl,
 	}
 	if kubeconfig != "" {

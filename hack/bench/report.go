@@ -271,7 +271,7 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 		w("")
 	}
 	if len(d.Throughput) > 0 {
-		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client. localproxy sets the congestion control of its client sockets on loopback (--loopback-congestion-control=%s); every other socket has the network namespace's. Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds, localproxy.DefaultLoopbackCongestionControl)
+		w("Throughput: %d MiB each way per contender, one TCP connection at a time, %d interleaved rounds, 256 KiB reads and writes. upload: client to sink; download: sink to client.%s Proxy CPU: CPU time of the proxy's processes (their threads' schedstat; nginx: master and workers) per GiB carried, health checks included. Machine CPU: busy time of all cores (/proc/stat) per GiB, the kernel's TCP work for every connection included; busy: its share of the cores while the bytes moved. CPU bound: direct's machine CPU per GiB over the path's, the most of direct's throughput the path can reach when direct keeps every core busy.", c.MiB, c.Rounds, loopbackCCNote(c.LocalProxyLoopbackCC))
 		w("")
 		throughputTable(w, d.Throughput)
 	}
@@ -284,7 +284,7 @@ func (d *DatapathResults) markdown(w func(string, ...any)) {
 				how = "set for this measurement (-datapath-link-cc)"
 			}
 			loop := "both ways on loopback"
-			if lp := t.LocalProxyLoopback; lp != "" && lp != localproxy.SystemCongestionControl && lp != t.CongestionControl {
+			if lp := c.LocalProxyLoopbackCC; lp != "" && lp != localproxy.SystemCongestionControl && lp != t.CongestionControl {
 				loop += ", but for localproxy's client sockets there, which use " + lp + " (its --loopback-congestion-control)"
 			}
 			w("TCP congestion control, %s: %s on this side (what sends the uploads across the link, and %s), %s behind the link (what sends the downloads). net.ipv4.tcp_rmem and tcp_wmem: %s and %s here, %s and %s behind the link.", how, t.CongestionControl, loop, cmp.Or(t.SinkCongestionControl, "unknown"), t.Rmem, t.Wmem, cmp.Or(t.SinkRmem, "unknown"), cmp.Or(t.SinkWmem, "unknown"))
@@ -355,4 +355,14 @@ func throughputTable(w func(string, ...any), rows []DatapathThroughputRow) {
 			r.MachineCPUPerGiB, 100*r.MachineBusy, fmtRatio(r.CPUBoundVsDirect))
 	}
 	w("")
+}
+
+// loopbackCCNote says, for the data path's report, what localproxy's
+// client sockets on loopback use (cc, its --loopback-congestion-control);
+// "" when it keeps the namespace's.
+func loopbackCCNote(cc string) string {
+	if cc == "" || cc == localproxy.SystemCongestionControl {
+		return ""
+	}
+	return " localproxy sets the congestion control of its client sockets on loopback (--loopback-congestion-control=" + cc + "); every other socket has the network namespace's."
 }
