@@ -890,10 +890,4 @@ func (c *conn) closeDial(d *loopDial) {
 // setNoDelay sets TCP_NODELAY on a socket about to listen: Linux copies
 // it into the sockets accepted from it, which the loop takes without
 // Go's accept, which would set it on each.
-func setNoDelay(rc syscall.RawConn) error {
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = setNoDelayFD(int(fd)) }); err != nil {
-		return err
-	}
-	return serr
-}
+func setNoDelay(rc syscall.RawConn) error { return onFD(rc, setNoDelayFD) }

@@ -41,8 +41,9 @@ func listenReusePort(ctx context.Context, network, address string) (net.Listener
 }
 
 // listenTuned is listenReusePort that also runs tune, if not nil, on the
-// socket before it binds (with the address it binds, resolved): options set then are in every socket accepted
-// from it (endpoint.TuneTCPListener), none of which can have completed its
+// socket before it binds (with the address it binds, resolved): options
+// set then are in every socket accepted from it
+// (endpoint.TuneTCPListener), none of which can have completed its
 // handshake earlier. tuned tells whether tune succeeded; its failure
 // leaves the listener as listenReusePort makes it.
 func listenTuned(ctx context.Context, network, address string, tune func(address string, rc syscall.RawConn) error) (ln net.Listener, tuned bool, err error) {

@@ -326,11 +326,16 @@ func setCongestion(rc syscall.RawConn, cc string) error {
 	if cc == "" {
 		return nil
 	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = setCongestionFD(int(fd), cc) }); err != nil {
+	return onFD(rc, func(fd int) error { return setCongestionFD(fd, cc) })
+}
+
+// onFD runs f on the socket of rc and returns f's error, or Control's.
+func onFD(rc syscall.RawConn, f func(fd int) error) error {
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
 		return err
 	}
-	return serr
+	return ferr
 }
 
 // bind opens the client listeners and the health listener.
