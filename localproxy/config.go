@@ -242,8 +242,11 @@ type Config struct {
 	// LivenessThreshold is how long the pool's health-check loop may go
 	// without starting a round or a probe before /healthz fails (a wedged
 	// prober: the node's liveness probe then restarts the proxy). If zero,
-	// three health-check intervals plus the probe timeout. If negative,
-	// the loop is not checked.
+	// three of the loop's longest waits between rounds (Pool.Interval, or
+	// Pool.QuietInterval while every endpoint is healthy: the held
+	// prober's 5s) plus the probe timeout. New refuses one the loop's own
+	// pace would pass (LivenessThresholdError). If negative, the loop is
+	// not checked.
 	LivenessThreshold time.Duration
 	// ProxyProtocol, if set, sends a PROXY protocol header with the client's
 	// addresses to upstreams, for endpoints behind a shared proxy that

@@ -116,20 +116,70 @@ func (p *Proxy) live(startedAt time.Time) error {
 	if p.cfg.Pool.Prober == nil || p.cfg.LivenessThreshold < 0 {
 		return nil
 	}
-	pc := p.probeSchedule
-	stale := 3*pc.Interval + pc.Timeout
-	if p.cfg.LivenessThreshold > 0 {
-		stale = p.cfg.LivenessThreshold
-	}
+	every, stale := livenessThreshold(p.probeSchedule, p.cfg.LivenessThreshold)
 	last := p.pool.LastProbeActivity()
 	if last.IsZero() {
 		last = startedAt
 	}
 	age := time.Since(last)
 	if age > stale {
-		return fmt.Errorf("no health probe for %v (expected every %v; liveness threshold %v)", age.Round(time.Millisecond), pc.Interval, stale)
+		return fmt.Errorf("no health probe for %v (expected every %v; liveness threshold %v)", age.Round(time.Millisecond), every, stale)
 	}
 	return nil
+}
+
+// probeRoundsEvery is the longest the pool's probe loop waits between
+// two rounds, jitter aside: its QuietInterval while every endpoint is
+// quiet (the held prober's 5s), if that is longer than its Interval.
+func probeRoundsEvery(pc upstream.Config) time.Duration {
+	return max(pc.Interval, pc.QuietInterval)
+}
+
+// LivenessThresholdError is New's error for a Config.LivenessThreshold
+// that the probe loop's own pace would pass: /healthz would fail between
+// two rounds of a healthy pool, and the node's liveness probe restart a
+// proxy that is fine.
+type LivenessThresholdError struct {
+	// Threshold is the Config's; Least what it must be more than.
+	Threshold, Least time.Duration
+	// Why says where Least comes from.
+	Why string
+}
+
+func (e *LivenessThresholdError) Error() string {
+	return fmt.Sprintf("localproxy: LivenessThreshold %v: want more than %v (%s)", e.Threshold, e.Least, e.Why)
+}
+
+// checkLivenessThreshold refuses a threshold not above the probe loop's
+// longest wait between rounds (jitter included) plus a probe's timeout.
+func checkLivenessThreshold(pc upstream.Config, threshold time.Duration) error {
+	if threshold <= 0 || pc.Prober == nil {
+		return nil
+	}
+	every := probeRoundsEvery(pc)
+	jitter := max(pc.Jitter, 0)
+	longest := every + time.Duration(jitter*float64(every))
+	if threshold > longest+pc.Timeout {
+		return nil
+	}
+	why := fmt.Sprintf("the health-check loop starts a round every %v ±%.0f%%", pc.Interval, jitter*100)
+	if every > pc.Interval {
+		why = fmt.Sprintf("the health-check loop starts a round every %v ±%.0f%% while every API server is healthy, every %v otherwise", every, jitter*100, pc.Interval)
+	}
+	return &LivenessThresholdError{Threshold: threshold, Least: longest + pc.Timeout, Why: why + fmt.Sprintf(", and a probe may take %v", pc.Timeout)}
+}
+
+// livenessThreshold is how often the pool's probe loop starts a round at
+// least, and how long /healthz lets it go silent: threshold if set,
+// otherwise three of its longest waits plus a probe's timeout. A default
+// from Interval alone failed /healthz for the last 1.5s of each quiet
+// 5s round of the held prober.
+func livenessThreshold(pc upstream.Config, threshold time.Duration) (every, stale time.Duration) {
+	every = probeRoundsEvery(pc)
+	if threshold > 0 {
+		return every, threshold
+	}
+	return every, 3*every + pc.Timeout
 }
 
 // newHealthServer serves /healthz, /readyz, /metrics and /status, GET and

@@ -322,6 +322,53 @@ func TestHealthzFailsWhenProbesStop(t *testing.T) {
 	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
 }
 
+// A pool whose endpoints are all healthy and quiet probes every
+// QuietInterval, not every Interval (the held prober's 5s against the
+// 1s default): /healthz's default limit follows the longer one, or it
+// fails for part of every quiet round and the node's liveness probe
+// restarts a proxy that is fine.
+func TestHealthzOKBetweenQuietRounds(t *testing.T) {
+	echo := newEcho(t)
+	pr := &stallingProber{}
+	const (
+		interval = 50 * time.Millisecond
+		quiet    = 400 * time.Millisecond
+	)
+	r := start(t, localproxy.Config{
+		Endpoints:     []string{echo.addr()},
+		HealthAddress: "127.0.0.1:0",
+		Pool:          upstream.Config{Prober: pr, Interval: interval, QuietInterval: quiet, Timeout: 20 * time.Millisecond, Rise: 1, Fall: 1},
+	})
+	hz := newHealthz(r)
+	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	// Three quiet rounds at least, sampled far more often than they come.
+	for end := time.Now().Add(4 * quiet); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		require.NoError(t, r.Liveness(), "between quiet probe rounds")
+	}
+	require.Positive(t, pr.calls.Load())
+}
+
+// New refuses a LivenessThreshold that the probe loop's own pace passes:
+// its longest wait between rounds, jitter included, and a probe's
+// timeout.
+func TestNewRefusesALivenessThresholdWithinARound(t *testing.T) {
+	pool := upstream.Config{Prober: &stallingProber{}, Interval: 50 * time.Millisecond, QuietInterval: 400 * time.Millisecond, Timeout: 20 * time.Millisecond, Jitter: 0.1}
+	for _, tc := range []struct {
+		threshold time.Duration
+		ok        bool
+	}{{460 * time.Millisecond, false}, {461 * time.Millisecond, true}, {-1, true}} {
+		_, err := localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:1"}, LivenessThreshold: tc.threshold, Pool: pool})
+		if tc.ok {
+			assert.NoError(t, err, "LivenessThreshold %v", tc.threshold)
+			continue
+		}
+		var lt *localproxy.LivenessThresholdError
+		require.ErrorAs(t, err, &lt, "LivenessThreshold %v", tc.threshold)
+		assert.Equal(t, 460*time.Millisecond, lt.Least)
+		assert.EqualError(t, err, "localproxy: LivenessThreshold 460ms: want more than 460ms (the health-check loop starts a round every 400ms ±10% while every API server is healthy, every 50ms otherwise, and a probe may take 20ms)")
+	}
+}
+
 // LivenessThreshold (extractedprism's --liveness-threshold) sets how long
 // the probe loop may be silent.
 func TestHealthzLivenessThreshold(t *testing.T) {

@@ -125,6 +125,9 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("localproxy: %w", err)
 	}
 	p.pool, p.probeSchedule = pool, pool.Config()
+	if err := checkLivenessThreshold(p.probeSchedule, cfg.LivenessThreshold); err != nil {
+		return nil, err
+	}
 	// Failures seen on held probe connections (endpoint.ProbeHeld)
 	// between probes count at once.
 	if pr := p.Prober(); pr != nil {

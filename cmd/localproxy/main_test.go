@@ -134,6 +134,10 @@ func TestValidation(t *testing.T) {
 		{"health bind address neither IP nor host name", append(ok, "--health-bind-address=no_where"), nil, []string{"--health-bind-address", `"no_where"`}},
 		{"liveness interval below 1s", append(ok, "--liveness-interval=500ms"), nil, []string{"--liveness-interval=500ms", "at least 1s"}},
 		{"liveness threshold below 1s", append(ok, "--liveness-threshold=10ms"), nil, []string{"--liveness-threshold=10ms", "at least 1s"}},
+		{"liveness threshold within a quiet round", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--liveness-threshold=3s"}, nil, []string{
+			"invalid --liveness-threshold=3s: want more than 6s: the health-check loop starts a round every 5s ±10% while every API server is healthy, every 1s otherwise, and a probe may take 500ms"}},
+		{"liveness threshold within a round", append(ok, "--health-interval=10s", "--health-timeout=2s"), []string{"LOCALPROXY_LIVENESS_THRESHOLD", "12s"}, []string{
+			"invalid LOCALPROXY_LIVENESS_THRESHOLD=12s (--liveness-threshold): want more than 13s: the health-check loop starts a round every 10s ±10%, and a probe may take 2s"}},
 		{"liveness threshold not above interval", append(ok, "--liveness-interval=5s", "--liveness-threshold=5s"), nil, []string{"--liveness-threshold=5s", "more than --liveness-interval=5s"}},
 		{"probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http"}, nil, []string{"--probe", `"http"`, "readyz, held, tls or tcp"}},
 		{"probe mode from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{"LOCALPROXY_PROBE", `"ping"`}},
