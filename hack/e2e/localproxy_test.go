@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -277,6 +278,21 @@ func testBinary(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 	t.Logf("localproxy status:\n%s", table)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every apiserver healthy: the held prober's rounds come every 5s
+	// (its quiet interval), and /healthz must stay ok between them,
+	// through more than one round (the node's liveness probe would
+	// restart a proxy that fails it).
+	for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + proxyHealthAddr + "/healthz")
+		if err != nil {
+			t.Fatalf("localproxy /healthz while every apiserver is healthy: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("localproxy /healthz while every apiserver is healthy: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+		}
 	}
 
 	const ns = "kubectl-localproxy-binary"
