@@ -1,6 +1,8 @@
 package localproxy
 
 import (
+	"github.com/apifailover/apifailover/internal/monotime"
+
 	"context"
 	"errors"
 	"fmt"
@@ -50,9 +52,8 @@ func (f *acceptFailure) setErr(err error) {
 // the listen backlog for descriptors to come free instead of being
 // accepted and closed in a loop.
 type shortage struct {
-	// until is when accepting may resume, as time since monoBase (a
-	// monotonic reading: a step of the wall clock moves no pause); 0
-	// outside a run.
+	// until is when accepting may resume (monotime: a step of the wall
+	// clock moves no pause); 0 outside a run.
 	until atomic.Int64
 	mu    sync.Mutex // guards the fields below
 	delay time.Duration
@@ -60,9 +61,6 @@ type shortage struct {
 	last  time.Time // its latest
 	err   error     // the latest's
 }
-
-// monoBase is the origin of shortage.until.
-var monoBase = time.Now()
 
 // shortageOngoing is how recent a run's latest failure must be for the
 // run to fail /healthz once it is acceptStuckAfter old: a shortage that
@@ -85,7 +83,7 @@ func (p *Proxy) shortOf(c *conn, err error) {
 	s.last, s.err = now, err
 	s.delay = nextAcceptBackoff(s.delay)
 	delay := s.delay
-	s.until.Store(int64(now.Sub(monoBase) + delay))
+	s.until.Store(monotime.Of(now.Add(delay)))
 	s.mu.Unlock()
 	p.m.rejected.WithLabelValues("local_resources").Inc()
 	log := p.log.V(1)
@@ -116,7 +114,7 @@ func (p *Proxy) acceptPaused() time.Time {
 	if u == 0 {
 		return time.Time{}
 	}
-	if at := monoBase.Add(time.Duration(u)); time.Now().Before(at) {
+	if at := monotime.Time(u); time.Now().Before(at) {
 		return at
 	}
 	return time.Time{}

@@ -1,6 +1,8 @@
 package localproxy
 
 import (
+	"github.com/apifailover/apifailover/internal/monotime"
+
 	"net"
 	"net/http"
 	"sync"
@@ -143,7 +145,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		l.active.Inc()
 		cc := &cappedConn{Conn: c, l: l}
-		cc.since.Store(time.Now().UnixNano())
+		cc.since.Store(monotime.Now())
 		l.mu.Lock()
 		l.conns[cc] = struct{}{}
 		l.mu.Unlock()
@@ -214,7 +216,7 @@ func (l *capListener) connState(c net.Conn, s http.ConnState) {
 		cc.busy.Store(true)
 	case http.StateIdle:
 		cc.busy.Store(false)
-		cc.since.Store(time.Now().UnixNano())
+		cc.since.Store(monotime.Now())
 	}
 }
 

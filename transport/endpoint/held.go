@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/apifailover/apifailover/internal/monotime"
 	"github.com/apifailover/apifailover/internal/rawio"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
@@ -263,10 +264,10 @@ type heldConn struct {
 	// unusable and opens another.
 	retired    chan struct{}
 	retireOnce sync.Once
-	// lastAck is when a PING was last answered, in Unix nanoseconds.
+	// lastAck is when a PING was last answered (monotime).
 	lastAck atomic.Int64
-	// readyAt is when GET /readyz last answered 200 over the connection,
-	// in Unix nanoseconds; zero if never.
+	// readyAt is when GET /readyz last answered 200 over the connection
+	// (monotime); zero if never.
 	readyAt atomic.Int64
 	// late is set while a PING is unanswered past its timeout.
 	late atomic.Bool
@@ -279,7 +280,7 @@ type heldConn struct {
 // it less than every ago.
 func (c *heldConn) fresh(now time.Time, every time.Duration) bool {
 	ready := c.readyAt.Load()
-	return c.ctx.Err() == nil && !c.late.Load() && ready != 0 && now.Sub(time.Unix(0, ready)) < every
+	return c.ctx.Err() == nil && !c.late.Load() && ready != 0 && now.Sub(monotime.Time(ready)) < every
 }
 
 // usable reports whether c may still carry a probe, or vouch for its
@@ -385,7 +386,7 @@ func (p *Prober) probeHeld(ctx context.Context, addr string) (time.Duration, err
 	var re *ReadyzError
 	switch {
 	case err == nil:
-		c.readyAt.Store(time.Now().UnixNano())
+		c.readyAt.Store(monotime.Now())
 		h.succeeded()
 		return time.Duration(c.srtt.Load()), nil
 	case errors.As(err, &re) && !re.TimedOut:
@@ -552,7 +553,7 @@ func (c *heldConn) requestFailed(err error, start time.Time, heard bool) error {
 		return fmt.Errorf("GET /readyz: held connection lost: %w", err)
 	default:
 	}
-	if heard || c.lastAck.Load() > start.UnixNano() {
+	if heard || c.lastAck.Load() > monotime.Of(start) {
 		return readyzFailed(err)
 	}
 	return fmt.Errorf("GET /readyz: no answer, nor to a PING, in time: %w", err)
@@ -579,7 +580,7 @@ func (p *Prober) watchHeld(c *heldConn) {
 		retired: c.retired,
 		lostErr: c.w.lostErr,
 		acked: func(t time.Time, srtt time.Duration) {
-			c.lastAck.Store(t.UnixNano())
+			c.lastAck.Store(monotime.Of(t))
 			c.srtt.Store(int64(srtt))
 		},
 		late: func(err error) {

@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"github.com/apifailover/apifailover/internal/monotime"
+
 	"context"
 	"errors"
 	"fmt"
@@ -725,7 +727,7 @@ func (p *Pool) LastProbeActivity() time.Time {
 	if ns == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, ns)
+	return monotime.Time(ns)
 }
 
 // Healthy reports whether at least one endpoint is healthy.

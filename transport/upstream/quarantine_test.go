@@ -390,3 +390,21 @@ func TestLastProbeActivity(t *testing.T) {
 		assert.Less(t, prober.count(addrA), 10)
 	})
 }
+
+// LastProbeActivity carries a monotonic reading, so that its age, as
+// time.Since gives it, ignores steps of the wall clock: Unix nanoseconds
+// read back with time.Unix have none, and a clock stepped back an hour
+// left /healthz blind for that hour.
+func TestLastProbeActivityIsMonotonic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		prober := newProbeLog(func(ctx context.Context, addr string, n int) error { return nil })
+		p := newPool(t, upstream.Config{Prober: prober})
+		stop := startRun(t, p)
+		defer stop()
+		mustSet(t, p, upstream.SourceDiscovery, specs(addrA))
+		advance(2 * time.Second)
+		require.False(t, p.LastProbeActivity().IsZero())
+		assert.Contains(t, p.LastProbeActivity().String(), " m=")
+		assert.Less(t, time.Since(p.LastProbeActivity()), 2*time.Second)
+	})
+}

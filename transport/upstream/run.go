@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"github.com/apifailover/apifailover/internal/monotime"
+
 	"context"
 	"math/rand/v2"
 	"sync"
@@ -44,7 +46,7 @@ func (p *Pool) Run(ctx context.Context) error {
 			}
 		}
 		last = time.Now()
-		p.active.Store(last.UnixNano())
+		p.active.Store(monotime.Of(last))
 		p.probeRound(ctx)
 		// Rounds keep their cadence: a round that ran into timeouts does
 		// not push the next one back.
@@ -194,7 +196,7 @@ func (p *Pool) probeOne(ctx context.Context, j probeJob) probeResult {
 		pctx = WithSuspected(pctx)
 	}
 	start := time.Now()
-	p.active.Store(start.UnixNano())
+	p.active.Store(monotime.Of(start))
 	var (
 		rtt time.Duration
 		err error
