@@ -52,6 +52,7 @@ func TestFailbackFlags(t *testing.T) {
 		{"settle not a duration from env", ok, []string{"LOCALPROXY_FAILBACK_SETTLE", "30"}, `localproxy: invalid LOCALPROXY_FAILBACK_SETTLE="30" (--failback-settle): not a duration`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			requireRefused(t, tc.args, tc.env)
 			var stderr bytes.Buffer
 			assert.Equal(t, main.ExitUsage, main.Run(t.Context(), tc.args, env(tc.env...), io.Discard, &stderr))
 			assert.Contains(t, stderr.String(), tc.want)

@@ -173,6 +173,7 @@ func TestValidation(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			requireRefused(t, tc.args, tc.env)
 			var stdout, stderr bytes.Buffer
 			code := main.Run(t.Context(), tc.args, env(tc.env...), &stdout, &stderr)
 			assert.Equal(t, main.ExitUsage, code, "stderr: %s", stderr.String())
@@ -183,6 +184,16 @@ func TestValidation(t *testing.T) {
 				t.Error("no message")
 			}
 		})
+	}
+}
+
+// requireRefused stops the test at once if args and the environment kv
+// make a valid configuration, which run would serve until the test times
+// out.
+func requireRefused(t *testing.T, args, kv []string) {
+	t.Helper()
+	if _, err := main.ParseConfig(args, env(kv...)); err == nil {
+		t.Fatalf("accepted: %q with environment %q", args, kv)
 	}
 }
 
