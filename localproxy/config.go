@@ -74,8 +74,13 @@ func checkCongestionName(name string) error {
 	return nil
 }
 
-// maxFailbackRate bounds Config.FailbackRate: a gap of a millisecond.
-const maxFailbackRate = 1000
+// minFailbackRate and maxFailbackRate bound Config.FailbackRate: a gap of
+// an hour, and of a millisecond. Below about 1.1e-10 a second, 1/rate
+// would not fit in a time.Duration.
+const (
+	minFailbackRate = 1.0 / 3600
+	maxFailbackRate = 1000
+)
 
 // failbackOn reports whether fail-back runs.
 func (c *Config) failbackOn() bool { return c.FailbackSettle > 0 && c.FailbackRate > 0 }
@@ -306,7 +311,8 @@ type Config struct {
 	// FailbackRate is the most client connections fail-back closes per
 	// second: one at a time, each gap 1 to 1.5 times 1/FailbackRate at
 	// random, the first one a random part of a gap after the settle time.
-	// If zero, DefaultFailbackRate (2). If negative, fail-back is off.
+	// From 1/3600 (one an hour) to 1000; New refuses others. If zero,
+	// DefaultFailbackRate (2). If negative, fail-back is off.
 	FailbackRate float64
 
 	// Upstream connections: see endpoint.Dialer for these fields and their
@@ -404,8 +410,8 @@ func (c *Config) setDefaults() error {
 	if c.FailbackRate == 0 {
 		c.FailbackRate = DefaultFailbackRate
 	}
-	if math.IsNaN(c.FailbackRate) || math.IsInf(c.FailbackRate, 0) || c.FailbackRate > maxFailbackRate {
-		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second up to %v (negative: off)", c.FailbackRate, maxFailbackRate)
+	if r := c.FailbackRate; math.IsNaN(r) || math.IsInf(r, 0) || r > maxFailbackRate || (r > 0 && r < minFailbackRate) {
+		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second from 1/3600 (one an hour) to %v (negative: off)", r, maxFailbackRate)
 	}
 	if c.StateFile != "" && len(caFingerprints(c.StateFileCA)) == 0 {
 		return errors.New("localproxy: StateFile needs StateFileCA, a PEM bundle of the cluster CA: an unbound state file could be planted by anyone or carried over from another cluster")

@@ -58,7 +58,8 @@ type failback[C endpoint.Conn] struct {
 }
 
 // newFailback returns the fail-back of settle and rate (connections per
-// second), both positive.
+// second): settle positive, rate within Config's bounds (1/3600 to 1000),
+// so that the gap fits in a time.Duration with its jitter.
 func newFailback[C endpoint.Conn](pool *upstream.Pool, reg *endpoint.Registry[C], settle time.Duration, rate float64, closed func(string), log logr.Logger) *failback[C] {
 	if closed == nil {
 		closed = func(string) {}

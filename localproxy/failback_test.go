@@ -324,7 +324,8 @@ func TestFailbackLeavesEqualsAlone(t *testing.T) {
 }
 
 // Zero fields take the defaults, which turn fail-back on; a negative
-// settle time or rate turns it off; a rate that is no number is refused.
+// settle time or rate turns it off; a rate that is no number, or outside
+// one an hour to 1000 a second, is refused.
 func TestFailbackConfig(t *testing.T) {
 	for _, tc := range []struct {
 		settle time.Duration
@@ -339,6 +340,13 @@ func TestFailbackConfig(t *testing.T) {
 		{rate: math.NaN(), err: "FailbackRate"},
 		{rate: math.Inf(1), err: "FailbackRate"},
 		{rate: 1e6, err: "FailbackRate"},
+		// A gap of more than an hour: 1/rate overflowed time.Duration
+		// below about 1.1e-10, and fail-back panicked once a better
+		// endpoint came back.
+		{settle: time.Second, rate: 1.0 / 3600, on: true},
+		{rate: 1.0 / 3601, err: "FailbackRate"},
+		{rate: 1e-10, err: "FailbackRate"},
+		{rate: 5e-324, err: "FailbackRate"},
 	} {
 		t.Run(fmt.Sprintf("%v/%v", tc.settle, tc.rate), func(t *testing.T) {
 			p, err := localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:1"}, FailbackSettle: tc.settle, FailbackRate: tc.rate})

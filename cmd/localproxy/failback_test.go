@@ -30,6 +30,7 @@ func TestFailbackFlags(t *testing.T) {
 		{"variables", ok, []string{"LOCALPROXY_FAILBACK_SETTLE", "1m", "LOCALPROXY_FAILBACK_RATE", "10"}, time.Minute, 10},
 		{"settle 0: off", append(ok, "--failback-settle=0"), nil, -1, localproxy.DefaultFailbackRate},
 		{"rate 0: off", ok, []string{"LOCALPROXY_FAILBACK_RATE", "0"}, localproxy.DefaultFailbackSettle, -1},
+		{"one an hour", append(ok, "--failback-rate=0.00028"), nil, localproxy.DefaultFailbackSettle, 0.00028},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := main.ParseConfig(tc.args, env(tc.env...))
@@ -45,8 +46,11 @@ func TestFailbackFlags(t *testing.T) {
 		want string
 	}{
 		{"negative settle", append(ok, "--failback-settle=-1s"), nil, "localproxy: invalid --failback-settle=-1s: want 0 (fail-back off) or a positive duration"},
-		{"negative rate", append(ok, "--failback-rate=-2"), nil, "localproxy: invalid --failback-rate=-2: want 0 (fail-back off) or connections per second above 0, at most 1000, e.g. 2 or 0.5"},
+		{"negative rate", append(ok, "--failback-rate=-2"), nil, "localproxy: invalid --failback-rate=-2: want 0 (fail-back off) or connections per second from 1/3600 (one an hour, about 0.00028) to 1000, e.g. 2 or 0.5"},
 		{"rate too high", append(ok, "--failback-rate=5000"), nil, "localproxy: invalid --failback-rate=5000: want 0 (fail-back off)"},
+		{"rate below one an hour", append(ok, "--failback-rate=0.0002"), nil, "localproxy: invalid --failback-rate=0.0002: want 0 (fail-back off) or connections per second from 1/3600 (one an hour, about 0.00028) to 1000"},
+		{"rate so low its gap overflows", append(ok, "--failback-rate=1e-10"), nil, "localproxy: invalid --failback-rate=1e-10: want 0 (fail-back off)"},
+		{"rate subnormal from env", ok, []string{"LOCALPROXY_FAILBACK_RATE", "5e-324"}, "localproxy: invalid LOCALPROXY_FAILBACK_RATE=5e-324 (--failback-rate): want 0"},
 		{"rate NaN from env", ok, []string{"LOCALPROXY_FAILBACK_RATE", "NaN"}, "localproxy: invalid LOCALPROXY_FAILBACK_RATE=NaN (--failback-rate): want 0"},
 		{"rate not a number", append(ok, "--failback-rate=fast"), nil, `localproxy: invalid --failback-rate="fast": not a number; want a number, such as 2 or 0.5`},
 		{"settle not a duration from env", ok, []string{"LOCALPROXY_FAILBACK_SETTLE", "30"}, `localproxy: invalid LOCALPROXY_FAILBACK_SETTLE="30" (--failback-settle): not a duration`},

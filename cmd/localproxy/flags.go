@@ -129,7 +129,7 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.exportCommand, "export-command", "", "with --export-template, a shell command run after each write, e.g. to reload the load balancer; a failure is logged and retried")
 	fs.DurationVar(&o.exportDebounce, "export-debounce", 0, "with --export-template, how long changes must pause before an export (default "+defaultExportDebounce.String()+")")
 	fs.DurationVar(&o.failbackSettle, "failback-settle", localproxy.DefaultFailbackSettle, "fail-back: how long a better API server (local, same zone, lower RTT tier) must have been healthy without a break before client connections on worse ones are closed, gradually, so that they reconnect to it; 0 turns fail-back off")
-	fs.Float64Var(&o.failbackRate, "failback-rate", localproxy.DefaultFailbackRate, "fail-back: most client connections closed per second (one at a time, oldest first, jittered; at most 1000); 0 turns fail-back off")
+	fs.Float64Var(&o.failbackRate, "failback-rate", localproxy.DefaultFailbackRate, "fail-back: most client connections closed per second (one at a time, oldest first, jittered; from 1/3600, one an hour, to 1000); 0 turns fail-back off")
 	fs.BoolVar(&o.profiling, "profiling", false, "serve Go's CPU, heap and goroutine profiles (net/http/pprof) on the health address under /debug/pprof/")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
