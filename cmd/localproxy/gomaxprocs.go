@@ -11,6 +11,13 @@ import "runtime"
 // more per message (localproxy/await_linux.go).
 const defaultGOMAXPROCS = 2
 
+// maxGOMAXPROCS is the most --gomaxprocs allows. The runtime aborts the
+// process beyond an int32 ("procresize: invalid arg") and allocates every
+// P's caches and work buffers long before that; the proxy's loop is one
+// thread, so Ps beyond a handful bring threads, not speed. 0 gives a
+// larger machine all its CPUs.
+const maxGOMAXPROCS = 1024
+
 // setGOMAXPROCS is runtime.GOMAXPROCS; the tests, which run the proxy
 // inside their own process, record the request instead.
 var setGOMAXPROCS = runtime.GOMAXPROCS

@@ -161,7 +161,11 @@ func TestValidation(t *testing.T) {
 		{"negative handover timeout", ok, []string{"LOCALPROXY_HANDOVER_TIMEOUT", "-1s"}, []string{"LOCALPROXY_HANDOVER_TIMEOUT=-1s", "0 (no hand-over) or a positive duration"}},
 		{"negative first-byte timeout", append(ok, "--first-byte-timeout=-1ms"), nil, []string{"--first-byte-timeout=-1ms", "0 (off) or a positive duration"}},
 		{"max connections 0", append(ok, "--max-connections=0"), nil, []string{"--max-connections=0", "at least 1"}},
-		{"gomaxprocs negative", append(ok, "--gomaxprocs=-1"), nil, []string{"--gomaxprocs=-1", "at least 0"}},
+		{"gomaxprocs negative", append(ok, "--gomaxprocs=-1"), nil, []string{"invalid --gomaxprocs=-1: want a whole number 0-1024"}},
+		// The runtime aborts on more than an int32 of Ps ("procresize:
+		// invalid arg"), and allocates per P long before that.
+		{"gomaxprocs beyond int32", append(ok, "--gomaxprocs=2147483648"), nil, []string{"invalid --gomaxprocs=2147483648: want a whole number 0-1024"}},
+		{"gomaxprocs too high from env", ok, []string{"LOCALPROXY_GOMAXPROCS", "1025"}, []string{"invalid LOCALPROXY_GOMAXPROCS=1025 (--gomaxprocs): want a whole number 0-1024"}},
 		{"proxy protocol", append(ok, "--proxy-protocol=v3"), nil, []string{"--proxy-protocol", `"v3"`, "none, v1 or v2"}},
 		{"loopback congestion control", append(ok, "--loopback-congestion-control=nosuchcc"), nil, []string{`invalid --loopback-congestion-control="nosuchcc"`, "not in this kernel", "tcp_available_congestion_control", `or "system"`}},
 		{"loopback congestion control name", ok, []string{"LOCALPROXY_LOOPBACK_CONGESTION_CONTROL", "BBR"}, []string{`LOCALPROXY_LOOPBACK_CONGESTION_CONTROL="BBR"`, "lowercase letters"}},

@@ -97,7 +97,7 @@ var intRanges = map[string]intRange{
 	"rise":            {min: 1},
 	"fall":            {min: 1},
 	"max-connections": {min: 1},
-	"gomaxprocs":      {min: 0},
+	"gomaxprocs":      {0, maxGOMAXPROCS},
 }
 
 // intRange is min to max, or at least min if max is 0.
