@@ -142,9 +142,12 @@ func (b *builder) intOK(name string, n int) bool {
 }
 
 // endpoints returns the static endpoints of --endpoints, normalized:
-// host:port, or host:port@zone.
+// host:port, or host:port@zone. An address given twice (after
+// normalization: host case, IPv6 spelling, a trailing dot) is refused:
+// the pool keeps one entry, and one zone, per address.
 func (b *builder) endpoints() []string {
 	var addrs []string
+	first := make(map[string]string) // address -> the entry that gave it
 	for _, e := range splitList(b.options.endpoints) {
 		spec, err := localproxy.ParseEndpoint(e)
 		var ee *localproxy.EndpointError
@@ -159,6 +162,11 @@ func (b *builder) endpoints() []string {
 			b.reject("endpoints", e, err.Error())
 			continue
 		}
+		if f, dup := first[spec.Addr]; dup {
+			b.reject("endpoints", e, fmt.Sprintf("the same address, %s, as %q before it; want each API server once (one entry, with one zone, per address)", spec.Addr, f))
+			continue
+		}
+		first[spec.Addr] = e
 		addrs = append(addrs, localproxy.FormatEndpoint(spec))
 	}
 	if len(splitList(b.options.endpoints)) == 0 {

@@ -116,6 +116,14 @@ func TestValidation(t *testing.T) {
 		{"endpoint unspecified", []string{"--endpoints=0.0.0.0:6443", "--probe=tcp"}, nil, []string{"--endpoints", `"0.0.0.0:6443"`, "unspecified"}},
 		{"one bad among good", []string{"--endpoints=10.0.0.1:6443,nope", "--probe=tcp"}, nil, []string{"--endpoints", `"nope"`}},
 		{"endpoints from env", nil, []string{"LOCALPROXY_ENDPOINTS", "bad", "LOCALPROXY_PROBE", "tcp"}, []string{"LOCALPROXY_ENDPOINTS", `"bad"`}},
+		// The pool keeps one entry per address: the second would be
+		// merged into the first, and one of the zones lost.
+		{"endpoint twice, once with a zone", []string{"--endpoints=10.0.0.1:6443@zone-a,10.0.0.1:6443", "--probe=tcp"}, nil, []string{
+			`invalid --endpoints="10.0.0.1:6443": the same address, 10.0.0.1:6443, as "10.0.0.1:6443@zone-a" before it; want each API server once`}},
+		{"endpoint twice in other spellings", []string{"--endpoints=[FD00::1]:6443,[fd00:0::1]:6443@zone-b", "--probe=tcp"}, nil, []string{
+			`invalid --endpoints="[fd00:0::1]:6443@zone-b": the same address, [fd00::1]:6443, as "[FD00::1]:6443" before it`}},
+		{"endpoint name twice from env", nil, []string{"LOCALPROXY_ENDPOINTS", "API.example.com.:443,10.0.0.1:6443, api.example.com:443", "LOCALPROXY_PROBE", "tcp"}, []string{
+			`invalid LOCALPROXY_ENDPOINTS="api.example.com:443" (--endpoints): the same address, api.example.com:443, as "API.example.com.:443" before it`}},
 		{"bind port 0", append(ok, "--bind-port=0"), nil, []string{"--bind-port=0", "1-65535"}},
 		{"bind port too big", append(ok, "--bind-port=70000"), nil, []string{"--bind-port=70000", "1-65535"}},
 		{"bind port from env", ok, []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"LOCALPROXY_BIND_PORT=70000", "1-65535"}},
