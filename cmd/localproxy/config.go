@@ -189,11 +189,19 @@ func (b *builder) listeners() listeners {
 	var l listeners
 	l.bindOK = b.intOK("bind-port", b.bindPort)
 	healthOK := b.intOK("health-port", b.healthPort)
+	first := make(map[netip.Addr]string) // address -> the entry that gave it
 	for _, a := range splitList(b.bindAddress) {
 		ip, ok := b.bindIP("bind-address", a)
 		if !ok {
 			continue
 		}
+		// SO_REUSEPORT would let a second listener bind it, which the
+		// hand-over takes for a successor.
+		if f, dup := first[ip]; dup {
+			b.reject("bind-address", a, fmt.Sprintf("the same address, %s, as %q before it; want each address once (two listeners on one address split its clients, and confuse the hand-over to a new localproxy)", ip, f))
+			continue
+		}
+		first[ip] = a
 		l.binds = append(l.binds, ip)
 		l.addrs = append(l.addrs, net.JoinHostPort(ip.String(), strconv.Itoa(b.bindPort)))
 	}
@@ -223,10 +231,11 @@ func (b *builder) listeners() listeners {
 // bindIP returns the IP address of --bind-address or
 // --health-bind-address entry a: an IP address, or a host name resolved
 // at start to the address net.Listen would take for it (the first IPv4
-// one, else the first).
+// one, else the first). An IPv4-mapped IPv6 address is the IPv4 address
+// net.Listen binds for it: ::ffff:127.0.0.1 is 127.0.0.1.
 func (b *builder) bindIP(name, a string) (netip.Addr, bool) {
 	if ip, err := netip.ParseAddr(a); err == nil {
-		return ip, true
+		return ip.Unmap(), true
 	}
 	if _, err := upstream.ParseAddr(net.JoinHostPort(a, "1")); err != nil {
 		b.reject(name, a, "want an IP address or a host name, e.g. 127.0.0.1, ::1 or localhost")

@@ -98,6 +98,7 @@ func env(kv ...string) func(string) string {
 func TestValidation(t *testing.T) {
 	f := newFiles(t)
 	defer main.SetServiceAccount(f.missing, f.missing)()
+	defer main.SetLookupHost(lookupLocalhost)()
 	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
 	tests := []struct {
 		name string
@@ -139,6 +140,16 @@ func TestValidation(t *testing.T) {
 		{"bind address neither IP nor host name", append(ok, "--bind-address=local_host"), nil, []string{"--bind-address", `"local_host"`, "IP address or a host name"}},
 		{"bind address does not resolve", append(ok, "--bind-address=nowhere.invalid"), nil, []string{"--bind-address", `"nowhere.invalid"`, "does not resolve"}},
 		{"bind address empty", append(ok, "--bind-address="), nil, []string{"--bind-address", "at least one"}},
+		// Two listeners on one address (SO_REUSEPORT) split its clients,
+		// and at shutdown each takes the other for its successor.
+		{"bind address twice", append(ok, "--bind-address=127.0.0.1,::1,127.0.0.1"), nil, []string{
+			`invalid --bind-address="127.0.0.1": the same address, 127.0.0.1, as "127.0.0.1" before it; want each address once`}},
+		{"bind address and a host name of it", append(ok, "--bind-address=127.0.0.1,localhost"), nil, []string{
+			`invalid --bind-address="localhost": the same address, 127.0.0.1, as "127.0.0.1" before it; want each address once`}},
+		{"bind address and its IPv4-mapped form, from env", ok, []string{"LOCALPROXY_BIND_ADDRESS", "::ffff:127.0.0.1,127.0.0.1"}, []string{
+			`invalid LOCALPROXY_BIND_ADDRESS="127.0.0.1" (--bind-address): the same address, 127.0.0.1, as "::ffff:127.0.0.1" before it`}},
+		{"same ports, health on the IPv4-mapped bind address", append(ok, "--health-bind-address=::ffff:127.0.0.1", "--health-port=7445"), nil, []string{
+			`invalid --health-port=7445: --bind-port=7445 is the same port, and --health-bind-address="::ffff:127.0.0.1" overlaps 127.0.0.1 in --bind-address;`}},
 		{"health bind address neither IP nor host name", append(ok, "--health-bind-address=no_where"), nil, []string{"--health-bind-address", `"no_where"`}},
 		{"liveness interval below 1s", append(ok, "--liveness-interval=500ms"), nil, []string{"--liveness-interval=500ms", "at least 1s"}},
 		{"liveness threshold below 1s", append(ok, "--liveness-threshold=10ms"), nil, []string{"--liveness-threshold=10ms", "at least 1s"}},
@@ -207,6 +218,15 @@ func requireRefused(t *testing.T, args, kv []string) {
 	if _, err := main.ParseConfig(args, env(kv...)); err == nil {
 		t.Fatalf("accepted: %q with environment %q", args, kv)
 	}
+}
+
+// lookupLocalhost resolves bind address host names for the tests:
+// localhost is ::1 and 127.0.0.1, no other name resolves.
+func lookupLocalhost(host string) ([]netip.Addr, error) {
+	if host == "localhost" {
+		return []netip.Addr{netip.MustParseAddr("::1"), netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	return nil, fmt.Errorf("lookup %s: no such host", host)
 }
 
 // Discovery with a kubeconfig that skips certificate verification would
@@ -583,12 +603,7 @@ func TestStatusErrors(t *testing.T) {
 func TestExtractedprismFlags(t *testing.T) {
 	f := newFiles(t)
 	defer main.SetServiceAccount(f.missing, f.missing)()
-	defer main.SetLookupHost(func(host string) ([]netip.Addr, error) {
-		if host == "localhost" {
-			return []netip.Addr{netip.MustParseAddr("::1"), netip.MustParseAddr("127.0.0.1")}, nil
-		}
-		return nil, fmt.Errorf("lookup %s: no such host", host)
-	})()
+	defer main.SetLookupHost(lookupLocalhost)()
 	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp"}
 
 	t.Run("host name bind address, health server beside it", func(t *testing.T) {
@@ -601,6 +616,12 @@ func TestExtractedprismFlags(t *testing.T) {
 	t.Run("health bind address defaults to the bind address", func(t *testing.T) {
 		cfg, err := main.ParseConfig(append(ok, "--bind-address=127.0.0.2,127.0.0.3"), env())
 		require.NoError(t, err)
+		assert.Equal(t, "127.0.0.2:7446", cfg.HealthAddress)
+	})
+	t.Run("IPv4-mapped bind addresses", func(t *testing.T) {
+		cfg, err := main.ParseConfig(append(ok, "--bind-address=::ffff:127.0.0.1,::FFFF:0.0.0.0", "--bind-port=9000", "--health-bind-address=::ffff:127.0.0.2"), env())
+		require.NoError(t, err)
+		assert.Equal(t, []string{"127.0.0.1:9000", "0.0.0.0:9000"}, cfg.ListenAddresses, "the IPv4 addresses net.Listen takes them for")
 		assert.Equal(t, "127.0.0.2:7446", cfg.HealthAddress)
 	})
 	t.Run("host name health bind address", func(t *testing.T) {
