@@ -204,7 +204,7 @@ func (k *kubeconfigOptions) retarget() (*retarget, error) {
 			errs = append(errs, k.bad("bind-address", a, "want an IP address, e.g. 127.0.0.1 or ::1"))
 			continue
 		}
-		binds = append(binds, ip)
+		binds = append(binds, ip.Unmap()) // as localproxy binds it
 	}
 	if len(splitList(k.bindAddress)) == 0 {
 		errs = append(errs, k.bad("bind-address", k.bindAddress, "want at least one IP address, e.g. 127.0.0.1"))

@@ -121,6 +121,13 @@ func TestKubeconfigRewrites(t *testing.T) {
 			want:     map[string]cluster{"k": {"https://127.0.0.1:8443", "api.example.com"}},
 		},
 		{
+			name:     "IPv4-mapped unspecified bind address, as localproxy takes it",
+			clusters: map[string]string{"k": "{server: 'https://api.example.com'}"},
+			current:  "k",
+			args:     []string{"--bind-address=::ffff:0.0.0.0"},
+			want:     map[string]cluster{"k": {"https://127.0.0.1:7445", "api.example.com"}},
+		},
+		{
 			name: "context flag",
 			clusters: map[string]string{
 				"a": "{server: 'https://a.example.com:6443'}",
