@@ -37,9 +37,13 @@ const defaultServerName = "kubernetes.default.svc"
 func (o *options) config() (localproxy.Config, error) {
 	b := &builder{options: o}
 	var cfg localproxy.Config
-	cfg.Endpoints = b.endpoints()
+	eps := b.endpoints()
+	for _, e := range eps {
+		cfg.Endpoints = append(cfg.Endpoints, localproxy.FormatEndpoint(e.spec))
+	}
 	l := b.listeners()
 	cfg.ListenAddresses, cfg.HealthAddress = l.addrs, l.health
+	b.selfEndpoints(eps, l)
 	cfg.Profiling = b.profiling
 	mode, modeOK := b.probeMode()
 	cfg.Pool = b.probeSchedule()
@@ -145,8 +149,8 @@ func (b *builder) intOK(name string, n int) bool {
 // host:port, or host:port@zone. An address given twice (after
 // normalization: host case, IPv6 spelling, a trailing dot) is refused:
 // the pool keeps one entry, and one zone, per address.
-func (b *builder) endpoints() []string {
-	var addrs []string
+func (b *builder) endpoints() []staticEndpoint {
+	var eps []staticEndpoint
 	first := make(map[string]string) // address -> the entry that gave it
 	for _, e := range splitList(b.options.endpoints) {
 		spec, err := localproxy.ParseEndpoint(e)
@@ -167,12 +171,18 @@ func (b *builder) endpoints() []string {
 			continue
 		}
 		first[spec.Addr] = e
-		addrs = append(addrs, localproxy.FormatEndpoint(spec))
+		eps = append(eps, staticEndpoint{in: e, spec: spec})
 	}
 	if len(splitList(b.options.endpoints)) == 0 {
 		b.reject("endpoints", b.options.endpoints, "at least one API server endpoint host:port is required")
 	}
-	return addrs
+	return eps
+}
+
+// staticEndpoint is an entry of --endpoints.
+type staticEndpoint struct {
+	in   string        // as given
+	spec upstream.Spec // normalized
 }
 
 // listeners are the client and health addresses.

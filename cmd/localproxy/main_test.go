@@ -125,7 +125,19 @@ func TestValidation(t *testing.T) {
 			`invalid --endpoints="[fd00:0::1]:6443@zone-b": the same address, [fd00::1]:6443, as "[FD00::1]:6443" before it`}},
 		{"endpoint name twice from env", nil, []string{"LOCALPROXY_ENDPOINTS", "API.example.com.:443,10.0.0.1:6443, api.example.com:443", "LOCALPROXY_PROBE", "tcp"}, []string{
 			`invalid LOCALPROXY_ENDPOINTS="api.example.com:443" (--endpoints): the same address, api.example.com:443, as "API.example.com.:443" before it`}},
-		{"bind port 0", append(ok, "--bind-port=0"), nil, []string{"--bind-port=0", "1-65535"}},
+		// An endpoint this proxy accepts on (e.g. from a kubeconfig that
+		// 'localproxy kubeconfig' rewrote) sends every connection back
+		// into the proxy.
+		{"endpoint is the proxy", []string{"--endpoints=10.0.0.1:6443,127.0.0.1:7445", "--probe=tcp"}, nil, []string{
+			`invalid --endpoints="127.0.0.1:7445": this proxy accepts clients on 127.0.0.1:7445 (--bind-address, --bind-port), so every connection to it would loop back into the proxy; want the API servers' own addresses`}},
+		{"endpoint with a zone is the proxy, from env", nil, []string{"LOCALPROXY_ENDPOINTS", "[::1]:9000@zone-a", "LOCALPROXY_PROBE", "tcp", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1", "LOCALPROXY_BIND_PORT", "9000"}, []string{
+			`invalid LOCALPROXY_ENDPOINTS="[::1]:9000@zone-a" (--endpoints): this proxy accepts clients on [::1]:9000 (LOCALPROXY_BIND_ADDRESS, LOCALPROXY_BIND_PORT)`}},
+		{"loopback endpoint on an IPv4 wildcard listener", []string{"--endpoints=127.0.0.2:9000", "--probe=tcp", "--bind-address=0.0.0.0", "--bind-port=9000"}, nil, []string{
+			`invalid --endpoints="127.0.0.2:9000": this proxy accepts clients on 0.0.0.0:9000 (--bind-address, --bind-port)`}},
+		{"IPv4 loopback endpoint on an IPv6 wildcard listener, which takes IPv4 too", []string{"--endpoints=127.0.0.1:9000", "--probe=tcp", "--bind-address=::", "--bind-port=9000"}, nil, []string{
+			`invalid --endpoints="127.0.0.1:9000": this proxy accepts clients on [::]:9000`}},
+		{"localhost endpoint on the proxy's port", []string{"--endpoints=LOCALHOST:7445", "--probe=tcp"}, nil, []string{
+			`invalid --endpoints="LOCALHOST:7445": this proxy accepts clients on 127.0.0.1:7445`}},
 		{"bind port too big", append(ok, "--bind-port=70000"), nil, []string{"--bind-port=70000", "1-65535"}},
 		{"bind port from env", ok, []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"LOCALPROXY_BIND_PORT=70000", "1-65535"}},
 		{"health port 0", append(ok, "--health-port=0"), nil, []string{"--health-port=0", "1-65535"}},
@@ -427,6 +439,13 @@ func TestValidConfigs(t *testing.T) {
 		assert.Equal(t, []string{"127.0.0.1:9000", "[::1]:9000"}, cfg.ListenAddresses)
 		assert.Equal(t, []string{"10.0.0.1:6443"}, cfg.Endpoints)
 		assert.Equal(t, 3*time.Second, cfg.DrainTimeout)
+	})
+	t.Run("API servers on this host, beside the proxy", func(t *testing.T) {
+		cfg, err := main.ParseConfig([]string{"--endpoints=127.0.0.1:6443,127.0.0.2:7445,[::1]:7445,localhost:6443", "--probe=tcp"}, env())
+		require.NoError(t, err, "another port, or another loopback address than the proxy's")
+		assert.Equal(t, []string{"127.0.0.1:6443", "127.0.0.2:7445", "[::1]:7445", "localhost:6443"}, cfg.Endpoints)
+		_, err = main.ParseConfig([]string{"--endpoints=[::1]:7445", "--probe=tcp", "--bind-address=0.0.0.0"}, env())
+		require.NoError(t, err, "0.0.0.0 takes no IPv6 connection")
 	})
 	t.Run("same port on different addresses", func(t *testing.T) {
 		_, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--health-bind-address=127.0.0.2", "--health-port=7445"}, env())
