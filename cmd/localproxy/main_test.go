@@ -608,12 +608,26 @@ func TestRunForwardsAndStatus(t *testing.T) {
 }
 
 func TestStatusErrors(t *testing.T) {
-	var stderr bytes.Buffer
-	assert.Equal(t, main.ExitUsage, main.Run(t.Context(), []string{"status", "--output=yaml"}, env(), io.Discard, &stderr))
-	assert.Contains(t, stderr.String(), `--output="yaml"`)
-	stderr.Reset()
-	assert.Equal(t, 1, main.Run(t.Context(), []string{"status", "--health-port=" + strconv.Itoa(freePort(t))}, env(), io.Discard, &stderr))
-	assert.Contains(t, stderr.String(), "connect")
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		code int
+		want string
+	}{
+		{"output", []string{"--output=yaml"}, nil, main.ExitUsage, `localproxy status: invalid --output="yaml": want table or json`},
+		{"no proxy", []string{"--health-port=" + strconv.Itoa(freePort(t))}, nil, main.ExitError, "connect"},
+		// A timeout that has passed before the request fails it with
+		// "context deadline exceeded", naming no flag.
+		{"timeout 0", []string{"--timeout=0"}, nil, main.ExitUsage, "localproxy status: invalid --timeout=0s: want a positive duration, e.g. 5s"},
+		{"negative timeout from env", nil, []string{"LOCALPROXY_TIMEOUT", "-1s"}, main.ExitUsage, "localproxy status: invalid LOCALPROXY_TIMEOUT=-1s (--timeout): want a positive duration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			assert.Equal(t, tc.code, main.Run(t.Context(), append([]string{"status"}, tc.args...), env(tc.env...), io.Discard, &stderr))
+			assert.Contains(t, stderr.String(), tc.want)
+		})
+	}
 }
 
 // What extractedprism's users have in their manifests starts localproxy

@@ -42,6 +42,10 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "localproxy status: %v\n", o.bad("output", output, "want table or json"))
 		return exitUsage
 	}
+	if timeout <= 0 {
+		fmt.Fprintf(stderr, "localproxy status: %v\n", o.bad("timeout", timeout, "want a positive duration, e.g. 5s"))
+		return exitUsage
+	}
 	if o.healthPort < 1 || o.healthPort > 65535 {
 		fmt.Fprintf(stderr, "localproxy status: %v\n", o.bad("health-port", o.healthPort, "want a port number 1-65535"))
 		return exitUsage
