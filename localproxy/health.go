@@ -150,6 +150,24 @@ func (e *LivenessThresholdError) Error() string {
 	return fmt.Sprintf("localproxy: LivenessThreshold %v: want more than %v (%s)", e.Threshold, e.Least, e.Why)
 }
 
+// CheckLivenessThreshold returns the *LivenessThresholdError New would
+// return for cfg, or nil, for a command that names its own flag before it
+// starts; cfg's other problems are New's to report.
+func CheckLivenessThreshold(cfg Config) error {
+	if cfg.LivenessThreshold <= 0 {
+		return nil
+	}
+	cfg.Endpoints = append([]string(nil), cfg.Endpoints...)
+	if cfg.setDefaults() != nil {
+		return nil
+	}
+	pool, err := upstream.New(cfg.Pool)
+	if err != nil {
+		return nil
+	}
+	return checkLivenessThreshold(pool.Config(), cfg.LivenessThreshold)
+}
+
 // checkLivenessThreshold refuses a threshold not above the probe loop's
 // longest wait between rounds (jitter included) plus a probe's timeout.
 func checkLivenessThreshold(pc upstream.Config, threshold time.Duration) error {

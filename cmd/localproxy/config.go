@@ -55,8 +55,8 @@ func (o *options) config() (localproxy.Config, error) {
 	cfg.Pool.Zone, cfg.NodeName, cfg.NodeClient = b.zone(creds, cfg.Discovery, l, cfg.Origin)
 	cfg.StateFile, cfg.StateFileCA = b.stateFile(cfg.Probe)
 	b.connections(&cfg)
-	b.liveness(&cfg)
 	b.failback(&cfg)
+	b.liveness(&cfg)
 	if o.exporter = b.export(); o.exporter != nil {
 		o.exporter.origin = cfg.Origin
 	}
@@ -98,13 +98,18 @@ func (b *builder) warn(format string, args ...any) {
 
 // liveness checks --liveness-threshold and --liveness-interval
 // (extractedprism's flags: at least 1s each, the threshold above the
-// interval).
+// interval), and the threshold against the health-check loop's own pace
+// (localproxy.CheckLivenessThreshold), once cfg's probes are set.
 func (b *builder) liveness(cfg *localproxy.Config) {
 	if b.livenessThreshold != 0 {
-		if b.livenessThreshold < time.Second {
-			b.reject("liveness-threshold", b.livenessThreshold, "want at least 1s")
-		}
 		cfg.LivenessThreshold = b.livenessThreshold
+		var lt *localproxy.LivenessThresholdError
+		switch {
+		case b.livenessThreshold < time.Second:
+			b.reject("liveness-threshold", b.livenessThreshold, "want at least 1s")
+		case errors.As(localproxy.CheckLivenessThreshold(*cfg), &lt):
+			b.reject("liveness-threshold", b.livenessThreshold, "want more than "+lt.Least.String()+": "+lt.Why)
+		}
 	}
 	if b.livenessInterval == 0 {
 		return

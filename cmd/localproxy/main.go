@@ -119,10 +119,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	p, err := localproxy.New(cfg)
 	if err != nil {
-		var lt *localproxy.LivenessThresholdError
-		if errors.As(err, &lt) {
-			err = o.bad("liveness-threshold", o.livenessThreshold, "want more than "+lt.Least.String()+": "+lt.Why)
-		}
 		fmt.Fprintf(stderr, "%v\n", err)
 		return exitUsage
 	}
