@@ -35,6 +35,13 @@ type ClientConfig struct {
 	// one at a time, in order, with the Learner's lock held: Update must
 	// not call back into the Learner.
 	Update func(addrs []string)
+	// Trust, if set, decides which requests' responses may teach: a
+	// server that relays other servers' headers on some paths is trusted
+	// only on the others (kube-apiserver passes those of pods/proxy,
+	// services/proxy and nodes/proxy answers through, from any pod or
+	// node: one could clear what was learned, or pin every client to one
+	// alternative). If nil, every request's.
+	Trust func(req *http.Request) bool
 	// Cache holds what was learned. If nil, NewCache with defaults (entries
 	// expire after ma minus Age, at most 70s).
 	Cache *Cache
@@ -137,6 +144,8 @@ func (l *Learner) trusted(req *http.Request, resp *http.Response) bool {
 	case req.URL == nil || req.URL.Scheme != "https":
 		return false
 	case !l.isOrigin(req.URL.Host):
+		return false
+	case l.cfg.Trust != nil && !l.cfg.Trust(req):
 		return false
 	case resp.StatusCode == http.StatusMisdirectedRequest:
 		return false

@@ -138,6 +138,22 @@ func TestClientLearnsOnlyFromTrustedResponses(t *testing.T) {
 	}
 }
 
+// ClientConfig.Trust keeps the responses to the requests it refuses from
+// teaching, or clearing, anything.
+func TestClientTrust(t *testing.T) {
+	f := &fakeRT{header: http.Header{"Alt-Svc": {`h2="10.250.0.2:6443";ma=60`}}, status: 200, proto: 2, verified: true}
+	rt, p, _ := newClient(t, f, func(c *altsvc.ClientConfig) {
+		c.Trust = func(req *http.Request) bool { return !strings.HasSuffix(req.URL.Path, "/proxy") }
+	})
+	send(t, rt, "https://10.250.0.1:6443/api/v1/pods/x/proxy")
+	assert.Nil(t, altSvcAddrs(p), "learned from a refused request")
+	send(t, rt, "https://10.250.0.1:6443/api")
+	assert.Equal(t, []string{"10.250.0.2:6443"}, altSvcAddrs(p))
+	f.header = http.Header{"Alt-Svc": {"clear"}}
+	send(t, rt, "https://10.250.0.1:6443/api/v1/pods/x/proxy")
+	assert.Equal(t, []string{"10.250.0.2:6443"}, altSvcAddrs(p), "cleared by a refused request")
+}
+
 func TestClientExpiryAndClear(t *testing.T) {
 	f := &fakeRT{header: http.Header{"Alt-Svc": {`h2="10.250.0.2:6443";ma=30`}, "Age": {"10"}}, status: 200, proto: 2, verified: true}
 	rt, p, now := newClient(t, f, nil)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -67,6 +68,7 @@ func newAltSvcLearner(o *AltSvcOptions, u *url.URL, pool *upstream.Pool, log log
 		Origin: altsvc.Origin{Scheme: u.Scheme, Host: u.Hostname(), Port: port},
 		Admit:  a.admit,
 		Update: a.update,
+		Trust:  func(req *http.Request) bool { return apiserverWrote(req.URL.Path) },
 		Cache:  altsvc.NewCache(altsvc.CacheConfig{MaxTTL: o.MaxTTL}),
 		Logger: log,
 	})

@@ -103,6 +103,37 @@ func TestAltSvcPoisoning(t *testing.T) {
 		require.Error(t, err, "the impostor must not serve")
 		assert.Zero(t, impostor.count("GET /api"), "no request bytes may reach the impostor")
 	})
+	t.Run("header relayed from a pod or a node", func(t *testing.T) {
+		// Every kube-apiserver passes the headers of pods/proxy,
+		// services/proxy and nodes/proxy answers through, from any pod
+		// or node: they may neither clear nor replace what was learned.
+		c := newCluster(t, 3)
+		a, b := c.servers[1], c.servers[2]
+		v := fmt.Sprintf(`h2="%s";ma=60, h2="%s";ma=60`, a.addr, b.addr)
+		for _, s := range c.servers {
+			s.setHandler(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/api/v1/namespaces/d/pods/p/proxy/":
+					w.Header().Set("Alt-Svc", "clear")
+				case "/api/v1/nodes/n/proxy/x":
+					w.Header().Set("Alt-Svc", fmt.Sprintf(`h2="%s";ma=60`, a.addr))
+				default:
+					w.Header().Set("Alt-Svc", v)
+				}
+				fmt.Fprint(w, s.name)
+			})
+		}
+		f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, a.addr), portOf(t, b.addr)}})
+		mustGet(t, f, "/api")
+		require.Eventually(t, func() bool { return len(altSvcEndpoints(f)) == 2 }, 10*time.Second, 10*time.Millisecond)
+		for range 3 {
+			mustGet(t, f, "/api/v1/namespaces/d/pods/p/proxy/")
+			mustGet(t, f, "/api/v1/nodes/n/proxy/x")
+		}
+		eps := altSvcEndpoints(f)
+		assert.Contains(t, eps, a.addr)
+		assert.Contains(t, eps, b.addr)
+	})
 	t.Run("alternative outside the allowlist", func(t *testing.T) {
 		c := newCluster(t, 2)
 		advertise(c.servers[0], c.servers[1].addr)

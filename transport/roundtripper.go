@@ -352,6 +352,20 @@ func apiserverAnswers(path string) bool {
 	return true
 }
 
+// apiserverWrote reports whether kube-apiserver wrote the response to a
+// request for path, headers included, rather than relaying a pod's or a
+// node's (passThrough): /api, /apis, /version, and what apiserverAnswers.
+// An aggregated API server (an APIService's, which a cluster admin
+// installs) writes its own answers under /apis/<its group>: those count
+// as kube-apiserver's.
+func apiserverWrote(path string) bool {
+	switch path {
+	case "/api", "/apis", "/version":
+		return true
+	}
+	return apiserverAnswers(path)
+}
+
 func closeResponse(resp *http.Response) {
 	if resp != nil {
 		resp.Body.Close()
