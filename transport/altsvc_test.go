@@ -248,3 +248,42 @@ func portOf(t *testing.T, addr string) int {
 	require.NoError(t, err)
 	return n
 }
+
+// Alt-Used names the alternative a request is sent to, on that attempt
+// only: a retry that goes to the origin, or to an endpoint not learned
+// from Alt-Svc, carries none.
+func TestAltUsedOnlyOnTheAttemptToTheAlternative(t *testing.T) {
+	c := newCluster(t, 3)
+	front, a, b := c.servers[0], c.servers[1], c.servers[2]
+	const path = "/api/v1/namespaces/default/configmaps"
+	v := fmt.Sprintf(`h2="%s";ma=60, h2="%s";ma=60`, a.addr, b.addr)
+	altUsed := make(chan string, 10)
+	front.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == path {
+			altUsed <- r.Header.Get("Alt-Used")
+		}
+		w.Header().Set("Alt-Svc", v)
+		fmt.Fprint(w, front.name)
+	})
+	for _, s := range []*server{a, b} {
+		s.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == path {
+				apiserverShutdown(w, r)
+				return
+			}
+			fmt.Fprint(w, s.name)
+		})
+	}
+	f := wrapAltSvc(t, c, &transport.AltSvcOptions{AllowedCIDRs: loopback, AllowedPorts: []int{portOf(t, a.addr), portOf(t, b.addr)}})
+	mustGet(t, f, "/api")
+	require.Eventually(t, func() bool {
+		eps := altSvcEndpoints(f)
+		return eps[a.addr] == upstream.StateHealthy && eps[b.addr] == upstream.StateHealthy
+	}, 10*time.Second, 10*time.Millisecond, "alternatives not learned: %+v", f.Pool().Status())
+	// Both alternatives refuse (shutting down): the third attempt goes
+	// to the front.
+	assert.Equal(t, front.name, mustGet(t, f, path))
+	assert.Equal(t, 1, a.count("GET "+path))
+	assert.Equal(t, 1, b.count("GET "+path))
+	assert.Empty(t, <-altUsed, "the request to the origin carried Alt-Used")
+}

@@ -74,19 +74,23 @@ func (rt *failoverRoundTripper) RoundTrip(req *http.Request) (*http.Response, er
 			break
 		}
 		c.gotConn(req)
+		// out is this attempt's request: with Alt-Used when it goes to
+		// an alternative, a clone, so that req, rewound for the next
+		// attempt, carries none.
+		out := req
 		if rt.altUsed && c.addr != rt.conns.origin && rt.conns.pool.Sources(c.addr)&upstream.SourceAltSvc != 0 {
-			req = req.Clone(req.Context())
-			req.Header.Set("Alt-Used", c.addr)
+			out = req.Clone(req.Context())
+			out.Header.Set("Alt-Used", c.addr)
 		}
-		send, wrote := traceWrites(req, c.wake)
+		send, wrote := traceWrites(out, c.wake)
 		resp, err := c.cc.RoundTrip(send)
 		reason := ""
 		if err == nil {
-			resp.Request = req
-			if !replayable(req) {
+			resp.Request = out
+			if !replayable(out) {
 				return withConnBody(resp, c.cc), nil
 			}
-			isRefusal, r := shutdownRefusal(req, resp)
+			isRefusal, r := shutdownRefusal(out, resp)
 			if !isRefusal {
 				closeResponse(refused)
 				return withConnBody(r, c.cc), nil
@@ -99,7 +103,7 @@ func (rt *failoverRoundTripper) RoundTrip(req *http.Request) (*http.Response, er
 			reason = "shutdown"
 		} else {
 			rt.passive(c, err)
-			reason = retryReason(req, err, wrote)
+			reason = retryReason(out, err, wrote)
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", c.addr, err))
 		if reason == "" {
