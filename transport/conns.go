@@ -144,7 +144,8 @@ func (p *connPool) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 // endpoint not in exclude, dialing one if needed. The dial runs on the
 // pool's context, not the request's: a request that gives up does not waste
 // a connection others will use. A request waiting for a dial is served by
-// the connection the dial opened, whichever endpoint won the race: a slow
+// the connection the dial opened, whichever endpoint won the race but one
+// it excludes (a dial another request started has its candidates): a slow
 // first candidate may lose every race, and the pool demotes it only after
 // a few (see upstream.Pool.ReportDialRace).
 func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientConn, error) {
@@ -196,11 +197,13 @@ func (p *connPool) get(ctx context.Context, exclude map[string]bool) (*clientCon
 			if call.err != nil {
 				return nil, call.err
 			}
-			if call.c != nil && p.reserveConn(call.c) {
+			// Another request's dial, with its own candidates, may have
+			// connected to an endpoint this one excludes.
+			if call.c != nil && !exclude[call.c.addr] && p.reserveConn(call.c) {
 				return call.c, nil
 			}
-			// Taken (HTTP/1.1 serves one request at a time) or discarded:
-			// look again.
+			// Taken (HTTP/1.1 serves one request at a time), discarded,
+			// or excluded: look again.
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -577,3 +577,26 @@ func TestRequestPingInterval(t *testing.T) {
 	}
 	assert.Equal(t, 5*time.Second, transport.DefaultPingIntervalHeld)
 }
+
+// A retry may join a dial another request started for the endpoint it
+// ranks first; when that dial's race went to the endpoint the retry
+// excludes (it failed or refused the request a moment ago), the retry
+// dials again rather than go back to it.
+func TestRetryDoesNotJoinADialWonByAnExcludedEndpoint(t *testing.T) {
+	c := newCluster(t, 3)
+	f := wrap(t, c, transport.Options{})
+	x := serving(t, c, f) // an open connection to x
+	var y *server
+	for _, s := range c.servers {
+		if s != x {
+			y = s
+			break
+		}
+	}
+	exclude := map[string]bool{x.addr: true}
+	for range 3 {
+		got, err := transport.GetJoiningADial(t.Context(), f, y.addr, x.addr, exclude)
+		require.NoError(t, err)
+		assert.NotEqual(t, x.addr, got, "got a connection to the excluded endpoint")
+	}
+}
