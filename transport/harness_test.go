@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 
@@ -41,6 +42,8 @@ type server struct {
 	handler atomic.Pointer[http.HandlerFunc]
 	// hellos counts TLS ClientHellos received (TCP-only probes send none).
 	hellos atomic.Int64
+	// helloDelay holds each TLS handshake this long (a loaded server).
+	helloDelay atomic.Int64
 }
 
 func newServer(t testing.TB, name string, cert tls.Certificate) *server {
@@ -67,6 +70,7 @@ func newServerProto(t testing.TB, name string, cert tls.Certificate, h2 bool) *s
 		Certificates: []tls.Certificate{cert},
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			s.hellos.Add(1)
+			time.Sleep(time.Duration(s.helloDelay.Load()))
 			return nil, nil
 		},
 	}

@@ -107,3 +107,24 @@ func conns(f *transport.Failover, addr string) int {
 	}
 	return 0
 }
+
+// The staggered race hedges a slow first candidate with its equals only:
+// an endpoint that fails /readyz but handshakes quickly (its etcd cut
+// off, or starting before its caches are filled) must not win the race
+// against the only healthy one, slow to handshake, and serve the
+// request; nor every request after it, each on a handshake of its own.
+func TestStaggerDoesNotRaceALessHealthyEndpoint(t *testing.T) {
+	c := newCluster(t, 2)
+	f := wrap(t, c, transport.Options{ProbeReadyzInterval: 100 * time.Millisecond})
+	healthy, notReady := c.servers[0], c.servers[1]
+	notReady.notReady.Store(true)
+	require.Eventually(t, func() bool { return !f.Pool().Usable(notReady.addr) && f.Pool().Usable(healthy.addr) },
+		5*time.Second, 5*time.Millisecond, "%+v", f.Pool().Status())
+	healthy.helloDelay.Store(int64(400 * time.Millisecond)) // past the 250ms stagger
+	hellos := notReady.hellos.Load()
+	for i := range 3 {
+		assert.Equal(t, healthy.name, mustGet(t, f, "/api/v1/namespaces"), "GET %d", i)
+	}
+	assert.Zero(t, notReady.count("GET /api/v1/namespaces"))
+	assert.Equal(t, hellos, notReady.hellos.Load(), "handshakes with the endpoint that is not ready")
+}

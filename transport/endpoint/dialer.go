@@ -174,9 +174,10 @@ type dialResult struct {
 }
 
 // DialAny connects to the first of candidates that answers: it starts with
-// candidates[0], starts the next candidate when an attempt fails or has not
-// connected after StaggerDelay, takes the first success and closes the
-// others. The returned connection is a *tls.Conn over a *TrackedConn when
+// candidates[0], starts the next candidate when an attempt fails, or when
+// none has connected after StaggerDelay if the next is as healthy as
+// candidates[0] (upstream.Pool.MayHedge), takes the first success and
+// closes the others. The returned connection is a *tls.Conn over a *TrackedConn when
 // TLSConfig is set, else a *TrackedConn. On failure the error joins
 // ErrUnreachable with every attempt's error.
 func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, string, error) {
@@ -228,7 +229,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 				stagger.Reset(d.staggerDelay())
 			}
 		case <-stagger.C:
-			if next < len(candidates) {
+			if next < len(candidates) && d.Pool.MayHedge(candidates[0], candidates[next]) {
 				start()
 				stagger.Reset(d.staggerDelay())
 			}

@@ -65,6 +65,29 @@ func TestOrderHealth(t *testing.T) {
 	requireOrder(t, p, []string{addrA}, []string{addrB, addrC, addrD, addrE}, []string{addrF})
 }
 
+// A connection race hedges with endpoints as healthy as its first
+// candidate only; one that failed may be followed by anything.
+func TestMayHedge(t *testing.T) {
+	p := newPool(t, upstream.Config{Fall: 3})
+	mustSet(t, p, upstream.SourceDiscovery, specs(addrA, addrB, addrC, addrD, addrE))
+	// A and B healthy, C unknown, D suspect, E unhealthy.
+	for _, a := range []string{addrA, addrB, addrD} {
+		p.ReportSuccess(a)
+	}
+	p.ReportFailure(addrD, upstream.FailureConnLost, nil)
+	p.ReportFailure(addrE, upstream.FailureDial, nil)
+	for _, tc := range []struct {
+		first, next string
+		want        bool
+	}{
+		{addrA, addrB, true}, {addrA, addrC, false}, {addrA, addrD, false}, {addrA, addrE, false},
+		{addrD, addrA, true}, {addrD, addrE, false}, {addrE, addrD, true}, {addrE, addrE, true},
+		{addrA, "192.0.2.9:6443", true}, {"192.0.2.9:6443", addrE, true},
+	} {
+		assert.Equal(t, tc.want, p.MayHedge(tc.first, tc.next), "MayHedge(%s, %s)", tc.first, tc.next)
+	}
+}
+
 func TestOrderSuspectBelowUnknown(t *testing.T) {
 	p := newPool(t, upstream.Config{Fall: 2})
 	mustSet(t, p, upstream.SourceStatic, specs(addrA))

@@ -794,6 +794,21 @@ func (p *Pool) Has(addr string) bool {
 	return ok
 }
 
+// MayHedge reports whether a connection race begun with first may start
+// next while first's attempt still runs (a staggered start, which hedges
+// against a slow first candidate): next is as healthy as first. A less
+// healthy one, such as an API server that fails /readyz but handshakes
+// quickly, would win every race against a slow healthy first candidate
+// and serve its requests; it is tried once first's attempt failed.
+// Either unknown to the pool: true.
+func (p *Pool) MayHedge(first, next string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, ok := p.eps[first]
+	b, ok2 := p.eps[next]
+	return !ok || !ok2 || healthClass(b) <= healthClass(a)
+}
+
 // Usable reports whether addr is in the pool and neither unhealthy nor
 // quarantined: connections to it may stay open.
 func (p *Pool) Usable(addr string) bool {
