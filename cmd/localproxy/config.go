@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/validate/content"
@@ -71,6 +73,7 @@ func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
 	if b.options.stateFile == "" {
 		return "", nil
 	}
+	pathOK := b.stateFilePath(b.options.stateFile)
 	caFile := b.caFile
 	if probe != nil && probe.CAFile != "" {
 		caFile = probe.CAFile
@@ -88,7 +91,46 @@ func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
 		b.reject("ca-file", caFile, "want a readable PEM file: "+err.Error())
 		return "", nil
 	}
+	if !pathOK {
+		return "", nil
+	}
 	return b.options.stateFile, pemBytes
+}
+
+// stateFilePath checks --state-file at start, as each save would fail
+// later (logged, not fatal): an absolute path, not a directory or other
+// non-regular file, in an existing directory. Whether the proxy's user may
+// write there is left to the first save.
+func (b *builder) stateFilePath(path string) bool {
+	const want = "want the path of a regular file (created if missing) in an existing directory, e.g. /var/lib/localproxy/state.json"
+	if !filepath.IsAbs(path) {
+		b.reject("state-file", path, "want an absolute path, e.g. /var/lib/localproxy/state.json")
+		return false
+	}
+	if strings.HasSuffix(path, "/") {
+		b.reject("state-file", path, "it ends in a slash; "+want)
+		return false
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		b.reject("state-file", path, "it is a directory; "+want)
+		return false
+	} else if err == nil && !fi.Mode().IsRegular() {
+		b.reject("state-file", path, fmt.Sprintf("it is not a regular file (%s); %s", fi.Mode().Type(), want))
+		return false
+	}
+	dir := filepath.Dir(path)
+	switch fi, err := os.Stat(dir); {
+	case errors.Is(err, os.ErrNotExist):
+		b.reject("state-file", path, fmt.Sprintf("its directory %s does not exist; %s", dir, want))
+		return false
+	case errors.Is(err, syscall.ENOTDIR) || err == nil && !fi.IsDir():
+		b.reject("state-file", path, fmt.Sprintf("%s is not a directory; %s", dir, want))
+		return false
+	case err != nil:
+		b.reject("state-file", path, fmt.Sprintf("its directory: %v; %s", err, want))
+		return false
+	}
+	return true
 }
 
 // warn keeps a warning for run to log.

@@ -168,7 +168,7 @@ func TestDaemonSetManifest(t *testing.T) {
 	}
 	assert.Contains(t, envs, "NODE_NAME")
 	assert.NotContains(t, envs, "LOCALPROXY_ZONE", "no zone by default: the node's label")
-	cfg, err := main.ParseConfig(c.Args, func(k string) string { return envs[k] })
+	cfg, err := main.ParseConfig(mountedStateFile(t, c.Args), func(k string) string { return envs[k] })
 	require.NoError(t, err)
 	assert.Equal(t, "https://127.0.0.1:7445", cfg.Discovery.Host)
 	assert.Equal(t, "node-1", cfg.NodeName)
@@ -226,8 +226,23 @@ func TestStaticPodManifest(t *testing.T) {
 	for i, a := range c.Args {
 		args[i] = strings.Replace(a, "--ca-file=/etc/kubernetes/pki/ca.crt", "--ca-file="+f.ca, 1)
 	}
-	_, err := main.ParseConfig(args, env())
+	_, err := main.ParseConfig(mountedStateFile(t, args), env())
 	require.NoError(t, err)
+}
+
+// mountedStateFile returns args with --state-file moved into a temporary
+// directory, standing in for the directory the pod mounts there: the
+// state file's directory must exist at start.
+func mountedStateFile(t *testing.T, args []string) []string {
+	out := make([]string, len(args))
+	dir := t.TempDir()
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--state-file="); ok {
+			a = "--state-file=" + filepath.Join(dir, filepath.Base(v))
+		}
+		out[i] = a
+	}
+	return out
 }
 
 func TestSystemdUnitAndContainerfile(t *testing.T) {

@@ -185,6 +185,21 @@ func TestValidation(t *testing.T) {
 		{"server name", append(ok, "--tls-server-name=bad_name"), nil, []string{"--tls-server-name", `"bad_name"`}},
 		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"state file without a CA", append(ok, "--state-file=/var/lib/x/state.json"), nil, []string{`invalid --state-file="/var/lib/x/state.json"`, "bound to the cluster by its CA", "--ca-file"}},
+		// Checked at start: every save would fail otherwise, logged only.
+		{"state file is a directory", append(ok, "--ca-file="+f.ca, "--state-file="+filepath.Dir(f.ca)), nil, []string{
+			`invalid --state-file="` + filepath.Dir(f.ca) + `": it is a directory; want the path of a regular file (created if missing) in an existing directory, e.g. /var/lib/localproxy/state.json`}},
+		{"state file with a trailing slash", append(ok, "--ca-file="+f.ca, "--state-file="+filepath.Dir(f.ca)+"/new/"), nil, []string{
+			`invalid --state-file="` + filepath.Dir(f.ca) + `/new/": it ends in a slash; want the path of a regular file`}},
+		{"state file in a missing directory", append(ok, "--ca-file="+f.ca, "--state-file="+filepath.Join(f.missing, "state.json")), nil, []string{
+			`invalid --state-file="` + filepath.Join(f.missing, "state.json") + `": its directory ` + f.missing + ` does not exist; want the path of a regular file (created if missing) in an existing directory`}},
+		{"state file in a file", append(ok, "--ca-file="+f.ca, "--state-file="+filepath.Join(f.ca, "state.json")), nil, []string{
+			`invalid --state-file="` + filepath.Join(f.ca, "state.json") + `": ` + f.ca + ` is not a directory; want the path of a regular file (created if missing) in an existing directory`}},
+		{"state file relative", append(ok, "--ca-file="+f.ca, "--state-file=state.json"), nil, []string{
+			`invalid --state-file="state.json": want an absolute path, e.g. /var/lib/localproxy/state.json`}},
+		{"state file blank, from env", append(ok, "--ca-file="+f.ca), []string{"LOCALPROXY_STATE_FILE", " "}, []string{
+			`invalid LOCALPROXY_STATE_FILE=" " (--state-file): want an absolute path, e.g. /var/lib/localproxy/state.json`}},
+		{"state file with a leading space", append(ok, "--ca-file="+f.ca, "--state-file= "+f.ca+".state"), nil, []string{
+			`invalid --state-file=" ` + f.ca + `.state": want an absolute path`}},
 		{"kubeconfig invalid", append(ok, "--enable-discovery", "--kubeconfig="+f.notPEM), nil, []string{"--kubeconfig", f.notPEM, "valid kubeconfig"}},
 		{"kubeconfig missing without discovery", append(ok, "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"negative drain", append(ok, "--drain-timeout=-1s"), nil, []string{"--drain-timeout=-1s"}},
@@ -452,15 +467,16 @@ func TestValidConfigs(t *testing.T) {
 		require.NoError(t, err)
 	})
 	t.Run("discovery goes through the proxy", func(t *testing.T) {
+		stateFile := filepath.Join(t.TempDir(), "state.json")
 		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--enable-discovery",
-			"--kubeconfig=" + f.kubeconfig, "--tls-server-name=api.example.com", "--bind-port=7500", "--state-file=/var/lib/x/state.json", "--proxy-protocol=v2"}, env())
+			"--kubeconfig=" + f.kubeconfig, "--tls-server-name=api.example.com", "--bind-port=7500", "--state-file=" + stateFile, "--proxy-protocol=v2"}, env())
 		require.NoError(t, err)
 		require.NotNil(t, cfg.Discovery)
 		assert.Equal(t, "https://127.0.0.1:7500", cfg.Discovery.Host)
 		assert.Equal(t, "api.example.com", cfg.Discovery.TLSClientConfig.ServerName)
 		assert.Equal(t, "secret", cfg.Discovery.BearerToken)
 		assert.Equal(t, "api.example.com", cfg.Origin)
-		assert.Equal(t, "/var/lib/x/state.json", cfg.StateFile)
+		assert.Equal(t, stateFile, cfg.StateFile)
 		assert.Equal(t, localproxy.ProxyProtocolV2, cfg.ProxyProtocol)
 		assert.Empty(t, cfg.LoopbackCongestionControl, "the library's default, which gives way to the system's where not allowed")
 	})
