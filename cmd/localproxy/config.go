@@ -86,6 +86,13 @@ func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
 			b.input("state-file", b.options.stateFile), envName("ca-file")))
 		return "", nil
 	}
+	if err := checkCA(caFile); err != nil {
+		if caFile != b.caFile { // a bad --ca-file is reported by probeTLS
+			b.add(usagef("invalid %s: the state file is bound to the cluster by its CA, and the in-cluster service account's, %s, is no CA bundle (%v); set --ca-file (or %s)",
+				b.input("state-file", b.options.stateFile), caFile, err, envName("ca-file")))
+		}
+		return "", nil
+	}
 	pemBytes, err := os.ReadFile(caFile)
 	if err != nil {
 		b.reject("ca-file", caFile, "want a readable PEM file: "+err.Error())
@@ -376,13 +383,31 @@ func (b *builder) origin() string {
 // probeTLS returns the probe configuration without credentials: for
 // readyz and tls, the certificates are verified with --ca-file (or the
 // in-cluster service account CA), re-read as it rotates, and serverName.
-// It returns nil when mode is invalid or the CA is missing or bad.
+// It returns nil when mode is invalid or the CA is missing or bad. A
+// given --ca-file and the --probe-*-interval flags are checked whatever
+// the mode: with --probe=tcp the state file is bound to the cluster by
+// --ca-file, and a bad value is not kept for a later change of mode.
 func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName string) *endpoint.ProbeConfig {
+	if b.probePingInterval < 0 {
+		b.reject("probe-ping-interval", b.probePingInterval, "want a positive duration (0: the default, "+endpoint.DefaultPingInterval.String()+")")
+	}
+	if b.probeReadyzInterval < 0 {
+		b.reject("probe-readyz-interval", b.probeReadyzInterval, "want a positive duration (0: the default, "+endpoint.DefaultReadyzInterval.String()+")")
+	}
+	if b.probeIdleReadyz < 0 {
+		b.reject("probe-idle-readyz-interval", b.probeIdleReadyz, "want a positive duration (0: 3 × --probe-readyz-interval)")
+	}
+	caErr := checkCA(b.caFile)
+	if caErr != nil {
+		b.reject("ca-file", b.caFile, caErr.Error())
+	}
 	switch {
 	case !modeOK:
 		return nil
 	case mode == endpoint.ProbeTCP:
 		return &endpoint.ProbeConfig{Mode: mode}
+	case caErr != nil:
+		return nil
 	}
 	caFile := b.caFile
 	if caFile == "" && fileExists(serviceAccountCA) {
@@ -396,15 +421,6 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	case err != nil:
 		b.reject("ca-file", b.caFile, err.Error())
 		return nil
-	}
-	if b.probePingInterval < 0 {
-		b.reject("probe-ping-interval", b.probePingInterval, "want a positive duration (0: the default, "+endpoint.DefaultPingInterval.String()+")")
-	}
-	if b.probeReadyzInterval < 0 {
-		b.reject("probe-readyz-interval", b.probeReadyzInterval, "want a positive duration (0: the default, "+endpoint.DefaultReadyzInterval.String()+")")
-	}
-	if b.probeIdleReadyz < 0 {
-		b.reject("probe-idle-readyz-interval", b.probeIdleReadyz, "want a positive duration (0: 3 × --probe-readyz-interval)")
 	}
 	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval,
 		ReadyzInterval: b.probeReadyzInterval, IdleReadyzInterval: b.probeIdleReadyz}

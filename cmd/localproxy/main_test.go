@@ -182,6 +182,20 @@ func TestValidation(t *testing.T) {
 		{"tls without CA", []string{"--endpoints=10.0.0.1:6443", "--probe=tls"}, nil, []string{"--ca-file", "--probe=tls"}},
 		{"CA file missing", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.missing}, nil, []string{"--ca-file", f.missing, "readable"}},
 		{"CA file not PEM", []string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.notPEM}, nil, []string{"--ca-file", f.notPEM, "PEM"}},
+		// --probe=tcp verifies no certificate, but the state file is
+		// bound to the cluster by --ca-file, and a given value is checked
+		// whatever the mode.
+		{"CA file not PEM, tcp probe, state file", append(ok, "--ca-file="+f.notPEM, "--state-file="+filepath.Join(filepath.Dir(f.ca), "state.json")), nil, []string{
+			`invalid --ca-file="` + f.notPEM + `": want a PEM file with at least one CA certificate`}},
+		{"CA file not PEM, tcp probe", append(ok, "--ca-file="+f.notPEM), nil, []string{
+			`invalid --ca-file="` + f.notPEM + `": want a PEM file with at least one CA certificate`}},
+		{"CA file missing, tcp probe, from env", ok, []string{"LOCALPROXY_CA_FILE", f.missing}, []string{
+			`invalid LOCALPROXY_CA_FILE="` + f.missing + `" (--ca-file): want a readable PEM file`}},
+		{"negative ping interval, tcp probe", append(ok, "--probe-ping-interval=-1s"), nil, []string{"invalid --probe-ping-interval=-1s: want a positive duration"}},
+		{"negative readyz interval, tcp probe", append(ok, "--probe-readyz-interval=-1s"), nil, []string{"invalid --probe-readyz-interval=-1s: want a positive duration"}},
+		{"negative idle readyz interval, tcp probe, from env", ok, []string{"LOCALPROXY_PROBE_IDLE_READYZ_INTERVAL", "-1m"}, []string{
+			"invalid LOCALPROXY_PROBE_IDLE_READYZ_INTERVAL=-1m0s (--probe-idle-readyz-interval): want a positive duration"}},
+		{"negative ping interval, bad probe mode", []string{"--endpoints=10.0.0.1:6443", "--probe=http", "--probe-ping-interval=-1s"}, nil, []string{"invalid --probe-ping-interval=-1s"}},
 		{"server name", append(ok, "--tls-server-name=bad_name"), nil, []string{"--tls-server-name", `"bad_name"`}},
 		{"kubeconfig missing", append(ok, "--enable-discovery", "--kubeconfig="+f.missing), nil, []string{"--kubeconfig", f.missing, "existing"}},
 		{"state file without a CA", append(ok, "--state-file=/var/lib/x/state.json"), nil, []string{`invalid --state-file="/var/lib/x/state.json"`, "bound to the cluster by its CA", "--ca-file"}},
@@ -716,4 +730,26 @@ func TestExtractedprismFlags(t *testing.T) {
 		main.Run(ctx, append(ok, "--bind-port="+strconv.Itoa(freePort(t)), "--health-port="+strconv.Itoa(freePort(t))), env(), io.Discard, &stderr)
 		assert.Contains(t, stderr.String(), "warning: discovery is off")
 	})
+}
+
+// With --probe=tcp the state file is still bound to the cluster CA: a bad
+// one is refused at start, once, naming where it came from, rather than
+// by localproxy.New without a flag's name.
+func TestStateFileCAWithTCPProbe(t *testing.T) {
+	f := newFiles(t)
+	stateFile := filepath.Join(t.TempDir(), "state.json")
+	defer main.SetServiceAccount(f.missing, f.missing)()
+	_, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--ca-file=" + f.notPEM, "--state-file=" + stateFile}, env())
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "--ca-file"), err.Error())
+
+	defer main.SetServiceAccount(f.missing, f.notPEM)()
+	_, err = main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--state-file=" + stateFile}, env())
+	require.Error(t, err)
+	assert.ErrorContains(t, err, `invalid --state-file="`+stateFile+`": the state file is bound to the cluster by its CA, and the in-cluster service account's, `+f.notPEM+`, is no CA bundle`)
+
+	cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--ca-file=" + f.ca, "--state-file=" + stateFile}, env())
+	require.NoError(t, err)
+	assert.Equal(t, stateFile, cfg.StateFile)
+	assert.NotEmpty(t, cfg.StateFileCA)
 }
