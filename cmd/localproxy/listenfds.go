@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // systemd socket activation (sd_listen_fds(3)): the service manager binds
@@ -83,12 +86,47 @@ func takeListenEnv(getenv func(string) string) func(string) string {
 	}
 }
 
+// passedFile returns the file of passed descriptor fd, for
+// inheritedListeners. A descriptor that is not open, or not a socket, is
+// left alone (an *os.File would close it, on error or when collected):
+// LISTEN_FDS then counts more than systemd passed, and the descriptor,
+// if open, is one this process opened itself.
+func passedFile(fd int, name string) (*os.File, error) {
+	_, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	switch {
+	case errors.Is(err, unix.EBADF):
+		return nil, fmt.Errorf("is not open (%s counts more descriptors than were passed)", envListenFDs)
+	case errors.Is(err, unix.ENOTSOCK):
+		return nil, fmt.Errorf("is not a socket, and is left open (%s counts more descriptors than were passed, or another program's are in the way)", envListenFDs)
+	case err != nil:
+		return nil, fmt.Errorf("cannot be checked, and is left open: %v", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// listening reports whether f is a listening socket (SO_ACCEPTCONN):
+// net.FileListener takes a connected socket too, on which every accept
+// fails.
+func listening(f *os.File) (bool, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var v int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN) }); err != nil {
+		return false, err
+	}
+	return v == 1, serr
+}
+
 // inheritedListeners turns the passed descriptors into listeners, one per
 // listen address and in any order, matched by the address each is bound
-// to; file returns the descriptor's file. A count or an address that does
-// not match the configured listen addresses is an error naming LISTEN_FDS
-// and what is allowed.
-func inheritedListeners(fds passedFDs, addrs []string, file func(fd int, name string) *os.File) (map[string]net.Listener, error) {
+// to; file returns the descriptor's file (passedFile), or why the
+// descriptor is left alone. A count, a descriptor that is no listening
+// socket or an address that does not match the configured listen
+// addresses is an error naming LISTEN_FDS and what is allowed.
+func inheritedListeners(fds passedFDs, addrs []string, file func(fd int, name string) (*os.File, error)) (map[string]net.Listener, error) {
 	byAddr := make(map[string]net.Listener, fds.n)
 	closeAll := func() {
 		for _, ln := range byAddr {
@@ -104,7 +142,21 @@ func inheritedListeners(fds passedFDs, addrs []string, file func(fd int, name st
 		if i < len(fds.names) {
 			name = fds.names[i]
 		}
-		f := file(fd, name)
+		f, err := file(fd, name)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("file descriptor %d (%s) %v", fd, name, err))
+			continue
+		}
+		switch ok, err := listening(f); {
+		case err != nil:
+			f.Close()
+			errs = append(errs, fmt.Sprintf("file descriptor %d (%s) is not a listening socket: %v", fd, name, err))
+			continue
+		case !ok:
+			f.Close()
+			errs = append(errs, fmt.Sprintf("file descriptor %d (%s) is a connected socket, not a listening one (a .socket unit with Accept=yes passes each connection instead of the listening socket)", fd, name))
+			continue
+		}
 		ln, err := net.FileListener(f)
 		f.Close()
 		if err != nil {
@@ -124,7 +176,7 @@ func inheritedListeners(fds passedFDs, addrs []string, file func(fd int, name st
 	}
 	if len(errs) > 0 {
 		closeAll()
-		return nil, fmt.Errorf("invalid %s=%d: %s; want one socket per listen address (%s), as the .socket unit's ListenStream= lines must be",
+		return nil, fmt.Errorf("invalid %s=%d: %s; want one listening TCP socket per listen address (%s), as the .socket unit's ListenStream= lines must be, with Accept=no",
 			envListenFDs, fds.n, strings.Join(errs, "; "), strings.Join(addrs, ", "))
 	}
 	return byAddr, nil

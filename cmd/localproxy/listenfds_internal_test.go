@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"os"
+	"runtime"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,7 +53,7 @@ func TestParseListenFDs(t *testing.T) {
 
 // listenerFiles returns files of listening sockets as systemd would pass
 // them, and a file func serving them by descriptor number from 3 on.
-func listenerFiles(t *testing.T, n int) ([]string, func(int, string) *os.File) {
+func listenerFiles(t *testing.T, n int) ([]string, func(int, string) (*os.File, error)) {
 	var addrs []string
 	var files []*os.File
 	for range n {
@@ -66,7 +70,7 @@ func listenerFiles(t *testing.T, n int) ([]string, func(int, string) *os.File) {
 			f.Close()
 		}
 	})
-	return addrs, func(fd int, _ string) *os.File { return files[fd-listenFDsStart] }
+	return addrs, func(fd int, _ string) (*os.File, error) { return files[fd-listenFDsStart], nil }
 }
 
 func TestInheritedListeners(t *testing.T) {
@@ -107,8 +111,80 @@ func TestInheritedListeners(t *testing.T) {
 	t.Run("not a socket", func(t *testing.T) {
 		f, err := os.Open(os.DevNull)
 		require.NoError(t, err)
-		_, err = inheritedListeners(passedFDs{n: 1}, []string{"127.0.0.1:7445"}, func(int, string) *os.File { return f })
+		_, err = inheritedListeners(passedFDs{n: 1}, []string{"127.0.0.1:7445"}, func(int, string) (*os.File, error) { return f, nil })
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "file descriptor 3 (LISTEN_FD_3) is not a listening socket")
+	})
+	// A .socket unit with Accept=yes passes each accepted connection;
+	// net.FileListener takes it, and every accept would fail.
+	t.Run("connected socket", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		a, err := ln.Accept()
+		require.NoError(t, err)
+		defer a.Close()
+		f, err := a.(*net.TCPConn).File()
+		require.NoError(t, err)
+		_, err = inheritedListeners(passedFDs{n: 1, names: []string{"conn"}}, []string{a.LocalAddr().String()}, func(int, string) (*os.File, error) { return f, nil })
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "invalid LISTEN_FDS=1: file descriptor 3 (conn) is a connected socket, not a listening one (a .socket unit with Accept=yes")
+		assert.Contains(t, err.Error(), "want one listening TCP socket per listen address ("+a.LocalAddr().String()+")")
+		assert.Contains(t, err.Error(), "Accept=no")
+	})
+	t.Run("descriptor not passed", func(t *testing.T) {
+		addrs, file := listenerFiles(t, 1)
+		_, err := inheritedListeners(passedFDs{n: 2}, addrs, func(fd int, name string) (*os.File, error) {
+			if fd == listenFDsStart {
+				return file(fd, name)
+			}
+			return nil, errors.New("is not open (LISTEN_FDS counts more descriptors than were passed)")
+		})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "invalid LISTEN_FDS=2: file descriptor 4 (LISTEN_FD_4) is not open (LISTEN_FDS counts more descriptors than were passed)")
+		_, err = net.Dial("tcp", addrs[0])
+		assert.Error(t, err, "the passed socket is closed too")
+	})
+}
+
+// A descriptor LISTEN_FDS counts that systemd did not pass is not taken:
+// an *os.File of it would close a descriptor this process opened itself.
+func TestPassedFile(t *testing.T) {
+	isOpen := func(fd int) bool {
+		_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		return err == nil
+	}
+	t.Run("not a socket, left open", func(t *testing.T) {
+		dn, err := os.Open(os.DevNull)
+		require.NoError(t, err)
+		defer dn.Close()
+		fd := int(dn.Fd())
+		_, err = inheritedListeners(passedFDs{n: 1}, []string{"127.0.0.1:7445"}, func(_ int, name string) (*os.File, error) { return passedFile(fd, name) })
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "invalid LISTEN_FDS=1: file descriptor 3 (LISTEN_FD_3) is not a socket, and is left open (LISTEN_FDS counts more descriptors than were passed")
+		runtime.GC() // an *os.File dropped would be closed by its cleanup
+		assert.True(t, isOpen(fd), "a descriptor that is no socket is left open")
+	})
+	t.Run("not open", func(t *testing.T) {
+		const fd = 1 << 20 // above any RLIMIT_NOFILE the tests run with
+		require.False(t, isOpen(fd))
+		_, err := passedFile(fd, "x")
+		assert.EqualError(t, err, "is not open (LISTEN_FDS counts more descriptors than were passed)")
+	})
+	t.Run("listening socket", func(t *testing.T) {
+		addrs, file := listenerFiles(t, 1)
+		lf, _ := file(listenFDsStart, "")
+		// passedFile's file owns the descriptor: give it a copy.
+		fd, err := unix.Dup(int(lf.Fd()))
+		require.NoError(t, err)
+		byAddr, err := inheritedListeners(passedFDs{n: 1}, addrs, func(_ int, name string) (*os.File, error) { return passedFile(fd, name) })
+		require.NoError(t, err)
+		c, err := net.Dial("tcp", addrs[0])
+		require.NoError(t, err, "the passed socket listens")
+		c.Close()
+		byAddr[addrs[0]].Close()
 	})
 }

@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fds, err := parseListenFDs(getenv, os.Getpid())
 	if err == nil && fds.n > 0 {
 		var byAddr map[string]net.Listener
-		if byAddr, err = inheritedListeners(fds, cfg.ListenAddresses, func(fd int, name string) *os.File { return os.NewFile(uintptr(fd), name) }); err == nil {
+		if byAddr, err = inheritedListeners(fds, cfg.ListenAddresses, passedFile); err == nil {
 			cfg.Listen = listenInherited(byAddr)
 			cfg.ListenersOwned = true // the event loop accepts on them
 			defer func() {
