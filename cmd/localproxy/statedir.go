@@ -30,8 +30,8 @@ func runStateDir(args []string, getenv func(string) string, stdout, stderr io.Wr
 	var owner string
 	fs := flag.NewFlagSet(stateDirCmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.stateFile, "state-file", "", "the proxy's --state-file (absolute); its directory is created if missing and given to --owner, mode 0750")
-	fs.StringVar(&owner, "owner", "65534:65534", "UID:GID the proxy runs as")
+	fs.StringVar(&o.stateFile, "state-file", "", "the proxy's --state-file (absolute); its directory is created if missing (missing parents 0755, the caller's) and given to --owner, mode 0750")
+	fs.StringVar(&owner, "owner", "65534:65534", "UID:GID the proxy runs as, each 0-4294967294")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: %s --state-file=FILE [--owner=UID:GID]\n\n"+
 			"Makes the directory of the state file writable by the proxy's user (run as root, e.g. in an\n"+
@@ -48,7 +48,7 @@ func runStateDir(args []string, getenv func(string) string, stdout, stderr io.Wr
 	uid, gid, ok := parseOwner(owner)
 	switch {
 	case !ok:
-		fmt.Fprintf(stderr, "%s: %v\n", stateDirCmd, o.bad("owner", owner, "want UID:GID, two numbers, e.g. 65534:65534"))
+		fmt.Fprintf(stderr, "%s: %v\n", stateDirCmd, o.bad("owner", owner, fmt.Sprintf("want UID:GID, two numbers 0-%d, e.g. 65534:65534", maxID)))
 		return exitUsage
 	case !filepath.IsAbs(o.stateFile) || filepath.Dir(filepath.Clean(o.stateFile)) == "/":
 		fmt.Fprintf(stderr, "%s: %v\n", stateDirCmd, o.bad("state-file", o.stateFile, "want an absolute path in a directory of its own, e.g. /var/lib/localproxy/state.json"))
@@ -63,20 +63,50 @@ func runStateDir(args []string, getenv func(string) string, stdout, stderr io.Wr
 	return exitOK
 }
 
-// parseOwner parses UID:GID.
+// maxID is the highest UID or GID: chown(2) takes 32 bits, and
+// 4294967295, -1, leaves the owner unchanged.
+const maxID = 1<<32 - 2
+
+// parseOwner parses UID:GID, each 0 to maxID.
 func parseOwner(s string) (uid, gid int, ok bool) {
 	u, g, found := strings.Cut(s, ":")
 	uid, errU := strconv.Atoi(u)
 	gid, errG := strconv.Atoi(g)
-	return uid, gid, found && errU == nil && errG == nil && uid >= 0 && gid >= 0
+	return uid, gid, found && errU == nil && errG == nil && uid >= 0 && gid >= 0 && uid <= maxID && gid <= maxID
 }
 
-// prepareStateDir creates the directory of path if missing and gives it,
-// mode 0750, and the state file and its temporary files in it, to
+// mkdirs makes dir, mode 0750, and its missing parents as mkdir -p and
+// the kubelet's DirectoryOrCreate do, root's (the caller's) and 0755
+// whatever the umask: the proxy's user must reach dir through them.
+func mkdirs(dir string) error {
+	var missing []string
+	for p := dir; ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, os.ErrNotExist) || p == filepath.Dir(p) {
+			break
+		}
+		missing = append(missing, p)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		mode := os.FileMode(0o755)
+		if i == 0 {
+			mode = 0o750
+		}
+		if err := os.Mkdir(missing[i], mode); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := os.Chmod(missing[i], mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prepareStateDir creates the directory of path if missing (its missing
+// parents root's, 0755) and gives it, mode 0750, and the state file and its temporary files in it, to
 // uid:gid. It says what it did.
 func prepareStateDir(path string, uid, gid int) (string, error) {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := mkdirs(dir); err != nil {
 		return "", err
 	}
 	fi, err := os.Lstat(dir)

@@ -61,6 +61,22 @@ func TestStateDir(t *testing.T) {
 	require.Equal(t, main.ExitOK, code, errOut)
 	assert.Equal(t, "localproxy state-dir: gave "+filepath.Join(root, "new")+" to 1000:1001, mode 0750\n", out)
 
+	// Missing parents are made as mkdir -p and the kubelet's
+	// DirectoryOrCreate make them, root's and 0755, so that the proxy's
+	// user reaches its directory; only that one is 0750 and given away.
+	deep := filepath.Join(root, "a", "b", "localproxy")
+	code, out, errOut = run("--state-file="+filepath.Join(deep, "state.json"), "--owner=1000:1001")
+	require.Equal(t, main.ExitOK, code, errOut)
+	assert.Equal(t, "localproxy state-dir: gave "+deep+" to 1000:1001, mode 0750\n", out)
+	for _, p := range []string{filepath.Join(root, "a"), filepath.Join(root, "a", "b")} {
+		uid, gid, mode := owner(t, p)
+		assert.Equal(t, []int{0, 0}, []int{uid, gid}, p)
+		assert.Equal(t, os.FileMode(0o755), mode, p)
+	}
+	uid, gid, mode := owner(t, deep)
+	assert.Equal(t, []int{1000, 1001}, []int{uid, gid})
+	assert.Equal(t, os.FileMode(0o750), mode)
+
 	// Another directory's files are left alone.
 	shared := filepath.Join(root, "shared")
 	require.NoError(t, os.Mkdir(shared, 0o755))
@@ -68,11 +84,14 @@ func TestStateDir(t *testing.T) {
 	code, _, errOut = run("--state-file=" + filepath.Join(shared, "state.json"))
 	assert.Equal(t, main.ExitError, code)
 	assert.Equal(t, "localproxy state-dir: "+shared+" holds other files than the state file (kubelet.conf), so it is not given to 65534:65534; want a directory of its own for --state-file, e.g. /var/lib/localproxy\n", errOut)
-	uid, _, _ := owner(t, shared)
+	uid, _, _ = owner(t, shared)
 	assert.Equal(t, 0, uid)
 }
 
 func TestStateDirBadValues(t *testing.T) {
+	// A value accepted by mistake changes a temporary directory, not the
+	// system's.
+	state := filepath.Join(t.TempDir(), "localproxy", "state.json")
 	for _, tc := range []struct {
 		args []string
 		env  []string
@@ -81,8 +100,13 @@ func TestStateDirBadValues(t *testing.T) {
 		{[]string{"--state-file=state.json"}, nil, `invalid --state-file="state.json": want an absolute path in a directory of its own, e.g. /var/lib/localproxy/state.json`},
 		{[]string{"--state-file=/state.json"}, nil, `invalid --state-file="/state.json": want an absolute path in a directory of its own, e.g. /var/lib/localproxy/state.json`},
 		{nil, nil, `invalid --state-file="": want an absolute path in a directory of its own, e.g. /var/lib/localproxy/state.json`},
-		{[]string{"--state-file=/var/lib/localproxy/state.json", "--owner=nobody"}, nil, `invalid --owner="nobody": want UID:GID, two numbers, e.g. 65534:65534`},
+		{[]string{"--state-file=" + state, "--owner=nobody"}, nil, `invalid --owner="nobody": want UID:GID, two numbers 0-4294967294, e.g. 65534:65534`},
 		{nil, []string{"LOCALPROXY_STATE_FILE", "x"}, `invalid LOCALPROXY_STATE_FILE="x" (--state-file): want an absolute path in a directory of its own, e.g. /var/lib/localproxy/state.json`},
+		// chown(2) takes 32 bits: 4294967295 is -1, "leave unchanged", and
+		// larger IDs would be truncated to another user's.
+		{[]string{"--state-file=" + state, "--owner=4294967295:65534"}, nil, `invalid --owner="4294967295:65534": want UID:GID, two numbers 0-4294967294, e.g. 65534:65534`},
+		{[]string{"--state-file=" + state, "--owner=65534:4294967296"}, nil, `invalid --owner="65534:4294967296": want UID:GID, two numbers 0-4294967294, e.g. 65534:65534`},
+		{[]string{"--state-file=" + state}, []string{"LOCALPROXY_OWNER", "99999999999:1"}, `invalid LOCALPROXY_OWNER="99999999999:1" (--owner): want UID:GID, two numbers 0-4294967294, e.g. 65534:65534`},
 	} {
 		var stderr bytes.Buffer
 		code := main.Run(t.Context(), append([]string{"state-dir"}, tc.args...), env(tc.env...), &bytes.Buffer{}, &stderr)
