@@ -193,11 +193,14 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	fs.Visit(func(f *flag.Flag) { o.from[f.Name] = "--" + f.Name })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if _, ok := o.from[f.Name]; ok {
-			return
-		}
 		env := envName(f.Name)
 		v := getenv(env)
+		if _, ok := o.from[f.Name]; ok {
+			if v != "" {
+				errs = append(errs, o.checkIgnored(f, env, v))
+			}
+			return
+		}
 		if v == "" {
 			return
 		}
@@ -216,7 +219,9 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	// which deployments set from the downward API.
 	for name, env := range envAliases {
 		_, set := o.from[name]
-		if v := getenv(env); fs.Lookup(name) != nil && !set && v != "" {
+		if v := getenv(env); fs.Lookup(name) != nil && set && v != "" {
+			errs = append(errs, o.checkIgnored(fs.Lookup(name), env, v))
+		} else if fs.Lookup(name) != nil && !set && v != "" {
 			if err := fs.Set(name, v); err != nil {
 				errs = append(errs, usagef("invalid %s: %v", input(env, name, v), err))
 				continue
@@ -226,6 +231,55 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	}
 	return errors.Join(errs...)
 }
+
+// checkIgnored checks v, the value of variable env that the value of f
+// overrides (from the flag, or from a variable read first): it must parse
+// as f's kind all the same, and a value other than f's is ignored with a
+// warning naming both. f keeps its value.
+func (o *options) checkIgnored(f *flag.Flag, env, v string) error {
+	given := f.Value.String()
+	err := f.Value.Set(v)
+	got := f.Value.String()
+	if rerr := f.Value.Set(given); rerr != nil {
+		return fmt.Errorf("restoring --%s=%q after checking %s: %w", f.Name, given, env, rerr)
+	}
+	var ve *valueError
+	switch {
+	case errors.As(err, &ve):
+		return ve.usage(env)
+	case err != nil:
+		return usagef("invalid %s: %v", input(env, f.Name, v), err)
+	case got == given:
+		return nil
+	}
+	winner := o.input(f.Name, valueOf(f, given))
+	why := winner + " is set, and wins"
+	if o.src(f.Name) == "--"+f.Name {
+		why = winner + " is given on the command line, and the flag wins"
+	}
+	o.warnings = append(o.warnings, input(env, f.Name, valueOf(f, v))+" is ignored: "+why)
+	return nil
+}
+
+// printWarnings prints the warnings of a subcommand, which has no logger.
+func printWarnings(w io.Writer, prefix string, warnings []string) {
+	for _, m := range warnings {
+		fmt.Fprintf(w, "%s: warning: %s\n", prefix, m)
+	}
+}
+
+// valueOf is s as input quotes it: quoted for a string flag only.
+func valueOf(f *flag.Flag, s string) any {
+	if f.Value.Type() == "string" {
+		return s
+	}
+	return rawValue(s)
+}
+
+// rawValue prints unquoted.
+type rawValue string
+
+func (r rawValue) String() string { return string(r) }
 
 // parseError turns pflag's typed errors into usage errors that name the
 // input and what is allowed.

@@ -113,6 +113,7 @@ func runKubeconfig(args []string, getenv func(string) string, stdout, stderr io.
 		fmt.Fprintf(stderr, "Run '%s --help' for the flags.\n", kubeconfigCmd)
 		return exitUsage
 	}
+	printWarnings(stderr, kubeconfigCmd, k.warnings)
 	rt, err := k.retarget()
 	if err != nil {
 		printErrors(stderr, kubeconfigCmd, err)

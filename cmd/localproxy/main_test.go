@@ -356,9 +356,14 @@ func TestBadValues(t *testing.T) {
 		{"endpoint address before a zone", []string{"--endpoints=10.0.0.1@zone-a", "--probe=tcp"}, nil, []string{`invalid --endpoints="10.0.0.1@zone-a": missing port in address; want host:port with an IPv4 address, a bracketed IPv6 address or an RFC 1123 DNS name, and a port 1-65535, optionally followed by @zone`}},
 		{"node name", append(ok, "--node-name=Node_1"), nil, []string{`invalid --node-name="Node_1": want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
 		{"node name from NODE_NAME", ok, []string{"NODE_NAME", "-n1"}, []string{`invalid NODE_NAME="-n1" (--node-name): want a Node name: an RFC 1123 subdomain of at most 253 lowercase letters, digits, '-' and '.'`}},
+		// The flag wins over its variable, but a variable that does not
+		// parse is a mistake all the same.
+		{"bad variable beside its flag", append(ok, "--rise=3"), []string{"LOCALPROXY_RISE", "x"}, []string{`invalid LOCALPROXY_RISE="x" (--rise): not a whole number` + atLeast1}},
+		{"bad duration variable beside its flag", append(ok, "--health-interval=2s"), []string{"LOCALPROXY_HEALTH_INTERVAL", "soon"}, []string{`invalid LOCALPROXY_HEALTH_INTERVAL="soon" (--health-interval): ` + duration}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			requireRefused(t, tc.args, tc.env)
 			var stderr bytes.Buffer
 			code := main.Run(t.Context(), tc.args, env(tc.env...), io.Discard, &stderr)
 			assert.Equal(t, main.ExitUsage, code, "stderr: %s", stderr.String())
@@ -462,12 +467,18 @@ func TestValidConfigs(t *testing.T) {
 		assert.Negative(t, cfg.FirstByteTimeout)
 	})
 	t.Run("flag wins over env", func(t *testing.T) {
-		cfg, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-port=9000"},
-			env("LOCALPROXY_BIND_PORT", "http", "LOCALPROXY_ENDPOINTS", "nope", "LOCALPROXY_DRAIN_TIMEOUT", "3s", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1"))
+		// A variable that does not parse is refused even so
+		// (TestBadValues); one that parses is ignored with a warning.
+		cfg, warnings, err := main.ParseConfigWarnings([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-port=9000", "--enable-discovery=false"},
+			env("LOCALPROXY_BIND_PORT", "8000", "LOCALPROXY_ENDPOINTS", "nope", "LOCALPROXY_DRAIN_TIMEOUT", "3s", "LOCALPROXY_BIND_ADDRESS", "127.0.0.1,::1"))
 		require.NoError(t, err)
 		assert.Equal(t, []string{"127.0.0.1:9000", "[::1]:9000"}, cfg.ListenAddresses)
 		assert.Equal(t, []string{"10.0.0.1:6443"}, cfg.Endpoints)
 		assert.Equal(t, 3*time.Second, cfg.DrainTimeout)
+		assert.ElementsMatch(t, []string{
+			`LOCALPROXY_ENDPOINTS="nope" (--endpoints) is ignored: --endpoints="10.0.0.1:6443" is given on the command line, and the flag wins`,
+			"LOCALPROXY_BIND_PORT=8000 (--bind-port) is ignored: --bind-port=9000 is given on the command line, and the flag wins",
+		}, warnings)
 	})
 	t.Run("API servers on this host, beside the proxy", func(t *testing.T) {
 		cfg, err := main.ParseConfig([]string{"--endpoints=127.0.0.1:6443,127.0.0.2:7445,[::1]:7445,localhost:6443", "--probe=tcp"}, env())
@@ -752,4 +763,40 @@ func TestStateFileCAWithTCPProbe(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, stateFile, cfg.StateFile)
 	assert.NotEmpty(t, cfg.StateFileCA)
+}
+
+// A variable that disagrees with a flag given on the command line is
+// ignored, the flag winning, with a warning naming both.
+func TestVariableBesideFlag(t *testing.T) {
+	ok := []string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--enable-discovery=false"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		want []string // the warnings
+	}{
+		{"disagrees", append(ok, "--rise=3"), []string{"LOCALPROXY_RISE", "5"}, []string{
+			"LOCALPROXY_RISE=5 (--rise) is ignored: --rise=3 is given on the command line, and the flag wins"}},
+		{"string", append(ok, "--log-format=json"), []string{"LOCALPROXY_LOG_FORMAT", "text"}, []string{
+			`LOCALPROXY_LOG_FORMAT="text" (--log-format) is ignored: --log-format="json" is given on the command line, and the flag wins`}},
+		{"same duration in another spelling", append(ok, "--health-interval=2s"), []string{"LOCALPROXY_HEALTH_INTERVAL", "2000ms"}, nil},
+		{"same value", append(ok, "--rise=3"), []string{"LOCALPROXY_RISE", "3"}, nil},
+		{"NODE_NAME beside --node-name", append(ok, "--node-name=node-a", "--zone=z"), []string{"NODE_NAME", "node-b"}, []string{
+			`NODE_NAME="node-b" (--node-name) is ignored: --node-name="node-a" is given on the command line, and the flag wins`}},
+		{"NODE_NAME beside its LOCALPROXY_ variable", append(ok, "--zone=z"), []string{"NODE_NAME", "node-b", "LOCALPROXY_NODE_NAME", "node-a"}, []string{
+			`NODE_NAME="node-b" (--node-name) is ignored: LOCALPROXY_NODE_NAME="node-a" (--node-name) is set, and wins`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, warnings, err := main.ParseConfigWarnings(tc.args, env(tc.env...))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, warnings)
+		})
+	}
+	cfg, err := main.ParseConfig(append(ok, "--rise=3"), env("LOCALPROXY_RISE", "5"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, cfg.Pool.Rise, "the flag wins")
+	var stderr bytes.Buffer
+	code := main.Run(t.Context(), []string{"state-dir", "--owner=1:1"}, env("LOCALPROXY_OWNER", "2:2"), io.Discard, &stderr)
+	assert.Equal(t, main.ExitUsage, code)
+	assert.Contains(t, stderr.String(), `localproxy state-dir: warning: LOCALPROXY_OWNER="2:2" (--owner) is ignored: --owner="1:1" is given on the command line, and the flag wins`)
 }

@@ -45,6 +45,7 @@ func runStateDir(args []string, getenv func(string) string, stdout, stderr io.Wr
 		printErrors(stderr, stateDirCmd, err)
 		return exitUsage
 	}
+	printWarnings(stderr, stateDirCmd, o.warnings)
 	uid, gid, ok := parseOwner(owner)
 	switch {
 	case !ok:

@@ -38,6 +38,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		printErrors(stderr, "localproxy status", err)
 		return exitUsage
 	}
+	printWarnings(stderr, "localproxy status", o.warnings)
 	if output != "table" && output != "json" {
 		fmt.Fprintf(stderr, "localproxy status: %v\n", o.bad("output", output, "want table or json"))
 		return exitUsage
