@@ -447,6 +447,7 @@ func (b *builder) probeCredentials(pc *endpoint.ProbeConfig, creds *rest.Config)
 		pc.BearerToken, pc.BearerTokenFile = creds.BearerToken, creds.BearerTokenFile
 		pc.CertFile, pc.KeyFile = creds.CertFile, creds.KeyFile
 		pc.CertData, pc.KeyData = creds.CertData, creds.KeyData
+		b.pluginCredentials(pc, creds)
 	}
 	_, err := endpoint.NewProber(*pc)
 	var pe *endpoint.ProbeConfigError
@@ -464,6 +465,37 @@ func (b *builder) probeCredentials(pc *endpoint.ProbeConfig, creds *rest.Config)
 	default:
 		b.add(err)
 	}
+}
+
+// pluginCredentials warns when the probes of pc send GET /readyz without
+// credentials because the kubeconfig's user has only an exec plugin or an
+// auth provider, which discovery runs (client-go) and probes do not
+// (endpoint.Prober.WithCredentials). Probes without any credentials are
+// accepted, and so is this: clusters serve /readyz to anonymous users by
+// default.
+func (b *builder) pluginCredentials(pc *endpoint.ProbeConfig, creds *rest.Config) {
+	if pc.Mode != endpoint.ProbeReadyz && pc.Mode != endpoint.ProbeHeld || b.kubeconfig == "" ||
+		pc.BearerToken != "" || pc.BearerTokenFile != "" || pc.CertFile != "" || len(pc.CertData) > 0 {
+		return
+	}
+	var plugin string
+	switch {
+	case creds.ExecProvider != nil:
+		plugin = fmt.Sprintf("an exec plugin (%s)", creds.ExecProvider.Command)
+	case creds.AuthProvider != nil:
+		plugin = fmt.Sprintf("an auth provider (%s)", creds.AuthProvider.Name)
+	default:
+		return
+	}
+	user := "of the current context"
+	if raw, err := clientcmd.LoadFromFile(b.kubeconfig); err == nil {
+		if c, ok := raw.Contexts[raw.CurrentContext]; ok {
+			user = strconv.Quote(c.AuthInfo)
+		}
+	}
+	b.warn("the probes (%s) go without credentials: user %s of %s has only %s, which is run for discovery but not for probes; "+
+		"clusters with anonymous auth off answer their GET /readyz with 401. Give the user a token, token file or client certificate, or use --probe=tls or tcp",
+		b.input("probe", b.probe), user, b.input("kubeconfig", b.kubeconfig), plugin)
 }
 
 // discovery returns the client configuration for --enable-discovery, nil

@@ -800,3 +800,56 @@ func TestVariableBesideFlag(t *testing.T) {
 	assert.Equal(t, main.ExitUsage, code)
 	assert.Contains(t, stderr.String(), `localproxy state-dir: warning: LOCALPROXY_OWNER="2:2" (--owner) is ignored: --owner="1:1" is given on the command line, and the flag wins`)
 }
+
+// Exec plugins and auth providers are run for discovery, not for probes
+// (endpoint.Prober.WithCredentials): with only those, the probes' GET
+// /readyz goes anonymous, and clusters with anonymous auth off answer it
+// with 401. Said at start, naming the kubeconfig and its user.
+func TestKubeconfigPluginCredentials(t *testing.T) {
+	f := newFiles(t)
+	defer main.SetServiceAccount(f.missing, f.missing)()
+	write := func(user string) string {
+		p := filepath.Join(t.TempDir(), "kubeconfig")
+		require.NoError(t, os.WriteFile(p, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://10.96.0.1:443", certificate-authority: `+f.ca+`}
+users:
+- name: other
+  user: {token: secret}
+- name: kubelet
+  user: `+user+`
+contexts:
+- name: c
+  context: {cluster: c, user: kubelet}
+current-context: c
+`), 0o600))
+		return p
+	}
+	exec := write(`{exec: {apiVersion: client.authentication.k8s.io/v1, command: /usr/bin/get-token, interactiveMode: Never}}`)
+	authProvider := write(`{auth-provider: {name: oidc, config: {idp-issuer-url: "https://issuer.example.com", client-id: k}}}`)
+	execAndToken := write(`{token: secret, exec: {apiVersion: client.authentication.k8s.io/v1, command: /usr/bin/get-token, interactiveMode: Never}}`)
+	for _, tc := range []struct {
+		name       string
+		kubeconfig string
+		probe      string
+		want       string // "" for no warning
+	}{
+		{"exec, held", exec, "held", `the probes (--probe="held") go without credentials: user "kubelet" of --kubeconfig="` + exec + `" has only an exec plugin (/usr/bin/get-token), which is run for discovery but not for probes; clusters with anonymous auth off answer their GET /readyz with 401. Give the user a token, token file or client certificate, or use --probe=tls or tcp`},
+		{"auth provider, readyz", authProvider, "readyz", `the probes (--probe="readyz") go without credentials: user "kubelet" of --kubeconfig="` + authProvider + `" has only an auth provider (oidc), which is run for discovery but not for probes`},
+		{"exec, tls: no request", exec, "tls", ""},
+		{"exec beside a token", execAndToken, "held", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, warnings, err := main.ParseConfigWarnings([]string{"--endpoints=10.0.0.1:6443", "--ca-file=" + f.ca, "--kubeconfig=" + tc.kubeconfig, "--probe=" + tc.probe}, env())
+			require.NoError(t, err)
+			if tc.want == "" {
+				assert.Empty(t, warnings)
+				return
+			}
+			require.Len(t, warnings, 1)
+			assert.Contains(t, warnings[0], tc.want)
+		})
+	}
+}
