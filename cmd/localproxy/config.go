@@ -86,16 +86,12 @@ func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
 			b.input("state-file", b.options.stateFile), envName("ca-file")))
 		return "", nil
 	}
-	if err := checkCA(caFile); err != nil {
+	pemBytes, err := readCA(caFile)
+	if err != nil {
 		if caFile != b.caFile { // a bad --ca-file is reported by probeTLS
 			b.add(usagef("invalid %s: the state file is bound to the cluster by its CA, and the in-cluster service account's, %s, is no CA bundle (%v); set --ca-file (or %s)",
 				b.input("state-file", b.options.stateFile), caFile, err, envName("ca-file")))
 		}
-		return "", nil
-	}
-	pemBytes, err := os.ReadFile(caFile)
-	if err != nil {
-		b.reject("ca-file", caFile, "want a readable PEM file: "+err.Error())
 		return "", nil
 	}
 	if !pathOK {
@@ -409,17 +405,17 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	case caErr != nil:
 		return nil
 	}
-	caFile := b.caFile
+	caFile := b.caFile // checked above
 	if caFile == "" && fileExists(serviceAccountCA) {
 		caFile = serviceAccountCA
+		if err := checkCA(caFile); err != nil {
+			b.reject("ca-file", b.caFile, err.Error())
+			return nil
+		}
 	}
-	switch err := checkCA(caFile); {
-	case caFile == "":
+	if caFile == "" {
 		b.add(usagef("invalid %s: %s=%s verifies the API server certificates and needs the cluster CA; set %s (or %s), or use --probe=tcp to check TCP connects only",
 			b.input("ca-file", b.caFile), b.src("probe"), mode, "--ca-file", envName("ca-file")))
-		return nil
-	case err != nil:
-		b.reject("ca-file", b.caFile, err.Error())
 		return nil
 	}
 	return &endpoint.ProbeConfig{Mode: mode, ServerName: serverName, CAFile: caFile, PingInterval: b.probePingInterval,
@@ -640,14 +636,20 @@ func checkCA(path string) error {
 	if path == "" {
 		return nil
 	}
+	_, err := readCA(path)
+	return err
+}
+
+// readCA returns the PEM bundle of path, checked as checkCA does.
+func readCA(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("want a readable PEM file: %v", err)
+		return nil, fmt.Errorf("want a readable PEM file: %v", err)
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(b) {
-		return errors.New("want a PEM file with at least one CA certificate")
+		return nil, errors.New("want a PEM file with at least one CA certificate")
 	}
-	return nil
+	return b, nil
 }
 
 // credentials returns the credentials (and CA) for discovery and probes:
