@@ -74,12 +74,12 @@ func checkCongestionName(name string) error {
 	return nil
 }
 
-// minFailbackRate and maxFailbackRate bound Config.FailbackRate: a gap of
+// MinFailbackRate and MaxFailbackRate bound Config.FailbackRate: a gap of
 // an hour, and of a millisecond. Below about 1.1e-10 a second, 1/rate
 // would not fit in a time.Duration.
 const (
-	minFailbackRate = 1.0 / 3600
-	maxFailbackRate = 1000
+	MinFailbackRate = 1.0 / 3600
+	MaxFailbackRate = 1000
 )
 
 // failbackOn reports whether fail-back runs.
@@ -410,8 +410,8 @@ func (c *Config) setDefaults() error {
 	if c.FailbackRate == 0 {
 		c.FailbackRate = DefaultFailbackRate
 	}
-	if r := c.FailbackRate; math.IsNaN(r) || math.IsInf(r, 0) || r > maxFailbackRate || (r > 0 && r < minFailbackRate) {
-		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second from 1/3600 (one an hour) to %v (negative: off)", r, maxFailbackRate)
+	if r := c.FailbackRate; math.IsNaN(r) || math.IsInf(r, 0) || r > MaxFailbackRate || (r > 0 && r < MinFailbackRate) {
+		return fmt.Errorf("localproxy: FailbackRate %v must be a number of connections per second from 1/3600 (one an hour) to %v (negative: off)", r, MaxFailbackRate)
 	}
 	if c.StateFile != "" && len(caFingerprints(c.StateFileCA)) == 0 {
 		return errors.New("localproxy: StateFile needs StateFileCA, a PEM bundle of the cluster CA: an unbound state file could be planted by anyone or carried over from another cluster")

@@ -6,14 +6,6 @@ import (
 	"github.com/apifailover/apifailover/localproxy"
 )
 
-// minFailbackRate and maxFailbackRate are the least and the most
-// --failback-rate allows above 0, as localproxy.Config: one close an hour,
-// and one a millisecond.
-const (
-	minFailbackRate = 1.0 / 3600
-	maxFailbackRate = 1000
-)
-
 // failback checks --failback-settle and --failback-rate: 0 turns
 // fail-back off (a negative Config field), negative values are refused.
 func (b *builder) failback(cfg *localproxy.Config) {
@@ -26,7 +18,7 @@ func (b *builder) failback(cfg *localproxy.Config) {
 		cfg.FailbackSettle = b.failbackSettle
 	}
 	switch r := b.failbackRate; {
-	case math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || (r > 0 && r < minFailbackRate) || r > maxFailbackRate:
+	case math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || (r > 0 && r < localproxy.MinFailbackRate) || r > localproxy.MaxFailbackRate:
 		b.reject("failback-rate", r, "want 0 (fail-back off) or connections per second from 1/3600 (one an hour, about 0.00028) to 1000, e.g. 2 or 0.5")
 	case r == 0:
 		cfg.FailbackRate = -1
