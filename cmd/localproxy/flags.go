@@ -205,12 +205,7 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 			return
 		}
 		if err := fs.Set(f.Name, v); err != nil {
-			var ve *valueError
-			if errors.As(err, &ve) {
-				errs = append(errs, ve.usage(env))
-			} else {
-				errs = append(errs, usagef("invalid %s: %v", input(env, f.Name, v), err))
-			}
+			errs = append(errs, envError(err, env, f.Name, v))
 			return
 		}
 		o.from[f.Name] = env
@@ -218,18 +213,31 @@ func parseChecked(fs *flag.FlagSet, o *options, args []string, getenv func(strin
 	// Variables of other names that a flag reads last, e.g. NODE_NAME,
 	// which deployments set from the downward API.
 	for name, env := range envAliases {
-		_, set := o.from[name]
-		if v := getenv(env); fs.Lookup(name) != nil && set && v != "" {
-			errs = append(errs, o.checkIgnored(fs.Lookup(name), env, v))
-		} else if fs.Lookup(name) != nil && !set && v != "" {
-			if err := fs.Set(name, v); err != nil {
-				errs = append(errs, usagef("invalid %s: %v", input(env, name, v), err))
-				continue
-			}
-			o.from[name] = env
+		f, v := fs.Lookup(name), getenv(env)
+		if f == nil || v == "" {
+			continue
 		}
+		if _, set := o.from[name]; set {
+			errs = append(errs, o.checkIgnored(f, env, v))
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			errs = append(errs, envError(err, env, name, v))
+			continue
+		}
+		o.from[name] = env
 	}
 	return errors.Join(errs...)
+}
+
+// envError is the usage error for value v of variable env, which flag
+// name refused with err.
+func envError(err error, env, name, v string) error {
+	var ve *valueError
+	if errors.As(err, &ve) {
+		return ve.usage(env)
+	}
+	return usagef("invalid %s: %v", input(env, name, v), err)
 }
 
 // checkIgnored checks v, the value of variable env that the value of f
@@ -243,12 +251,9 @@ func (o *options) checkIgnored(f *flag.Flag, env, v string) error {
 	if rerr := f.Value.Set(given); rerr != nil {
 		return fmt.Errorf("restoring --%s=%q after checking %s: %w", f.Name, given, env, rerr)
 	}
-	var ve *valueError
 	switch {
-	case errors.As(err, &ve):
-		return ve.usage(env)
 	case err != nil:
-		return usagef("invalid %s: %v", input(env, f.Name, v), err)
+		return envError(err, env, f.Name, v)
 	case got == given:
 		return nil
 	}
