@@ -391,7 +391,10 @@ type loopDial struct {
 	// deadline ends the whole dial; staggerAt starts the next candidate
 	// (zero: none to start).
 	deadline, staggerAt time.Time
-	timer               loopTimer
+	// bar is how healthy a candidate must be to start while attempts
+	// are in flight (startOneLocked).
+	bar   upstream.HedgeBar
+	timer loopTimer
 }
 
 // loopTry is one attempt of a loopDial.
@@ -453,6 +456,9 @@ func (p *Proxy) dialOnLoop(c *conn, fd int) {
 		mark: p.upstreams.Begin(), round: p.hold.Round(),
 		attempt: attempt, deadline: now.Add(timeout),
 	}
+	if len(cands) > 0 {
+		d.bar = p.pool.HedgeBar(cands[0])
+	}
 	d.timer.fire = c.dialTimer
 	p.pipes.Add(1) // done by finish, as for a connection that pipes
 	c.mu.Lock()
@@ -510,12 +516,20 @@ func (c *conn) advanceLocked(now time.Time, start int, end *dialEnd) {
 }
 
 // startOneLocked starts candidates in order until one connects or is
-// connecting; the stagger delay runs from then. The first attempt's key
-// is c's own id, later ones get their own.
+// connecting; the stagger delay runs from then. While attempts are in
+// flight, it starts only a candidate as healthy as the first was when
+// the dial began (d.bar, upstream.Pool.MayHedge): a less healthy one,
+// such as an API server that fails /readyz but connects at once, would
+// win the race against a slow healthy one; it starts once the attempts
+// in flight failed (advanceLocked). The first attempt's key is c's own
+// id, later ones get their own.
 func (c *conn) startOneLocked(now time.Time, end *dialEnd) {
 	d := c.dial
 	d.staggerAt = time.Time{}
 	for d.next < len(d.cands) {
+		if len(d.tries) > 0 && !c.p.pool.MayHedge(d.bar, d.cands[d.next]) {
+			return
+		}
 		i := d.next
 		d.next++
 		t := loopTry{addr: d.cands[i], ap: d.addrs[i], fd: -1, start: now}
@@ -677,8 +691,9 @@ func (c *conn) onDialEvent(id uint64, events uint32) {
 
 // dialTimer is the dial's timer: attempts past AttemptTimeout fail and
 // start the next candidate, as failed ones do, the next candidate starts
-// at the stagger, and at the whole dial's deadline every attempt fails
-// and nothing starts (advanceLocked), which fails the dial.
+// at the stagger (if it may hedge: startOneLocked), and at the whole
+// dial's deadline every attempt fails and nothing starts (advanceLocked),
+// which fails the dial.
 func (c *conn) dialTimer(now time.Time) {
 	var end dialEnd
 	c.mu.Lock()

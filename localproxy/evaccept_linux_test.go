@@ -3,6 +3,7 @@
 package localproxy_test
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -17,32 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/apifailover/apifailover/internal/testnet"
 	"github.com/apifailover/apifailover/localproxy"
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
-// hungListener returns the address of a listener that never accepts and
-// whose accept queue is full: the kernel drops the SYNs of a connect to
-// it, which hangs, as with a blackholed API server.
-func hungListener(t *testing.T) string {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	t.Cleanup(func() { unix.Close(fd) })
-	require.NoError(t, unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	require.NoError(t, unix.Listen(fd, 0)) // room for one connection
-	sa, err := unix.Getsockname(fd)
-	require.NoError(t, err)
-	addr := (&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: sa.(*unix.SockaddrInet4).Port}).String()
-	first, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	require.NoError(t, err, "the connection that fills the queue")
-	t.Cleanup(func() { first.Close() })
-	if c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond); err == nil {
-		c.Close()
-		t.Skip("a full accept queue does not drop SYNs here")
-	}
-	return addr
-}
+// hungListener is testnet.HungListener.
+var hungListener = testnet.HungListener
 
 // Connections to the proxy's own listeners are accepted and dialed on the
 // loop: no net.Conn on either side.
@@ -83,6 +65,43 @@ func TestLoopDialStaggersPastAHungEndpoint(t *testing.T) {
 	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", echo.addr(), "result", "ok"))
 	assert.Zero(t, r.LoopDialing(), "an attempt still in flight")
 	assert.Equal(t, 2, r.LoopKeys(), "the connection's id and its winning attempt's")
+	c.Close()
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+}
+
+// The loop's dial, like DialAny, starts beside an attempt in flight only
+// a candidate as healthy as the first was: with two healthy candidates,
+// one refusing at once (and marked unhealthy by it, Fall 1) and one
+// whose SYNs are dropped, and a third that fails its probes but accepts
+// at once, the third is connected only after the hung attempt timed out,
+// in whichever order the pool's tie puts the healthy two. It would win
+// every race against a slow healthy server otherwise.
+func TestLoopDialHedgesOnlyWithAsHealthy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := ln.Addr().String()
+	ln.Close()
+	hung := hungListener(t)
+	notReady := newEcho(t)
+	pr := newProber()
+	pr.set(notReady.addr(), errors.New("GET /readyz: 500"))
+	r := start(t, localproxy.Config{
+		Endpoints:    []string{refused, hung, notReady.addr()},
+		Pool:         upstream.Config{Prober: pr, Rise: 1, Fall: 1, Interval: time.Hour},
+		StaggerDelay: 20 * time.Millisecond, AttemptTimeout: time.Second, DialTimeout: time.Minute,
+	})
+	require.Eventually(t, func() bool {
+		cands := r.Pool().Candidates()
+		return len(cands) == 3 && cands[2] == notReady.addr() && r.Pool().Usable(refused) && r.Pool().Usable(hung)
+	}, 10*time.Second, 5*time.Millisecond, "%+v", r.Pool().Status())
+
+	c := dial(t, r.addr())
+	require.Eventually(t, func() bool { return r.LoopDialing() == 1 }, 10*time.Second, time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // 25 staggers, half the hung attempt's timeout
+	assert.Zero(t, notReady.open.Load(), "the endpoint that is not ready was dialed beside the healthy attempt in flight")
+	require.NoError(t, roundTrip(c, "once the healthy attempts failed"))
+	assert.Equal(t, 1.0, metric(t, r.reg, "apifailover_localproxy_dials_total", "endpoint", hung, "result", "error"), "the hung attempt")
 	c.Close()
 	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
 	assert.Zero(t, r.LoopKeys(), "ids left with the poller")

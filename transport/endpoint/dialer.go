@@ -175,11 +175,13 @@ type dialResult struct {
 
 // DialAny connects to the first of candidates that answers: it starts with
 // candidates[0], starts the next candidate when an attempt fails, or when
-// none has connected after StaggerDelay if the next is as healthy as
-// candidates[0] (upstream.Pool.MayHedge), takes the first success and
-// closes the others. The returned connection is a *tls.Conn over a *TrackedConn when
-// TLSConfig is set, else a *TrackedConn. On failure the error joins
-// ErrUnreachable with every attempt's error.
+// none has connected after StaggerDelay, takes the first success and
+// closes the others. While attempts are in flight, only a candidate as
+// healthy as candidates[0] was at the start starts beside them
+// (upstream.Pool.HedgeBar); a less healthy one waits for their end. The returned connection is a
+// *tls.Conn over a *TrackedConn when TLSConfig is set, else a
+// *TrackedConn. On failure the error joins ErrUnreachable with every
+// attempt's error.
 func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, string, error) {
 	if len(candidates) == 0 {
 		return nil, "", fmt.Errorf("%w: %w", ErrUnreachable, upstream.ErrNoEndpoints)
@@ -188,6 +190,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	results := make(chan dialResult, len(candidates))
+	bar := d.Pool.HedgeBar(candidates[0])
 	next, inflight := 0, 0
 	start := func() {
 		addr := candidates[next]
@@ -224,12 +227,14 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 				firstFailed = true
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", r.addr, r.err))
-			if next < len(candidates) && ctx.Err() == nil {
+			// With attempts still in flight, a candidate less healthy
+			// than the bar waits for their end, as at the stagger.
+			if next < len(candidates) && ctx.Err() == nil && (inflight == 0 || d.Pool.MayHedge(bar, candidates[next])) {
 				start()
 				stagger.Reset(d.staggerDelay())
 			}
 		case <-stagger.C:
-			if next < len(candidates) && d.Pool.MayHedge(candidates[0], candidates[next]) {
+			if next < len(candidates) && d.Pool.MayHedge(bar, candidates[next]) {
 				start()
 				stagger.Reset(d.staggerDelay())
 			}

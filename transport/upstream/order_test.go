@@ -66,7 +66,9 @@ func TestOrderHealth(t *testing.T) {
 }
 
 // A connection race hedges with endpoints as healthy as its first
-// candidate only; one that failed may be followed by anything.
+// candidate was when it began only (HedgeBar); one that was down may be
+// followed by anything. The bar stays when the first candidate's health
+// drops afterwards (its attempt failed).
 func TestMayHedge(t *testing.T) {
 	p := newPool(t, upstream.Config{Fall: 3})
 	mustSet(t, p, upstream.SourceDiscovery, specs(addrA, addrB, addrC, addrD, addrE))
@@ -84,8 +86,16 @@ func TestMayHedge(t *testing.T) {
 		{addrD, addrA, true}, {addrD, addrE, false}, {addrE, addrD, true}, {addrE, addrE, true},
 		{addrA, "192.0.2.9:6443", true}, {"192.0.2.9:6443", addrE, true},
 	} {
-		assert.Equal(t, tc.want, p.MayHedge(tc.first, tc.next), "MayHedge(%s, %s)", tc.first, tc.next)
+		assert.Equal(t, tc.want, p.MayHedge(p.HedgeBar(tc.first), tc.next), "MayHedge(HedgeBar(%s), %s)", tc.first, tc.next)
 	}
+	bar := p.HedgeBar(addrA)
+	p.ReportFailure(addrA, upstream.FailureDial, nil)
+	p.ReportFailure(addrA, upstream.FailureDial, nil)
+	p.ReportFailure(addrA, upstream.FailureDial, nil)
+	require.Equal(t, upstream.StateUnhealthy, stateOf(t, p, addrA))
+	assert.False(t, p.MayHedge(bar, addrE), "the first's failure does not lower the bar")
+	assert.True(t, p.MayHedge(bar, addrB))
+	assert.True(t, p.MayHedge(p.HedgeBar(addrA), addrE), "a race that begins with a server that is down")
 }
 
 func TestOrderSuspectBelowUnknown(t *testing.T) {

@@ -157,7 +157,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("upstream: quarantine backoff max %v must be at least the quarantine backoff %v", c.QuarantineBackoffMax, c.QuarantineBackoff)
 	}
 	if c.IsLocal == nil {
-		c.IsLocal = newLocalAddrs().isLocal
+		c.IsLocal = newLocalAddrs(c.Logger).isLocal
 	}
 	return nil
 }
@@ -794,19 +794,44 @@ func (p *Pool) Has(addr string) bool {
 	return ok
 }
 
-// MayHedge reports whether a connection race begun with first may start
-// next while first's attempt still runs (a staggered start, which hedges
-// against a slow first candidate): next is as healthy as first. A less
-// healthy one, such as an API server that fails /readyz but handshakes
-// quickly, would win every race against a slow healthy first candidate
-// and serve its requests; it is tried once first's attempt failed.
-// Either unknown to the pool: true.
-func (p *Pool) MayHedge(first, next string) bool {
+// HedgeBar is how healthy an endpoint must be for a connection race to
+// start it while earlier attempts still run (a staggered start, which
+// hedges against a slow first candidate): as healthy as the race's first
+// candidate was when the race began (Pool.HedgeBar). A failed attempt
+// lowers its endpoint's health at once; the bar stays where it was, so
+// that the failure of the first candidate does not let a less healthy
+// endpoint hedge the healthy attempts still running.
+//
+// The zero HedgeBar lets every endpoint hedge.
+type HedgeBar struct {
+	set   bool
+	class int // the highest health class allowed (healthClass)
+}
+
+// HedgeBar returns the bar of a connection race that begins with first:
+// first's health now; any endpoint if first is not in the pool.
+func (p *Pool) HedgeBar(first string) HedgeBar {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a, ok := p.eps[first]
-	b, ok2 := p.eps[next]
-	return !ok || !ok2 || healthClass(b) <= healthClass(a)
+	e, ok := p.eps[first]
+	if !ok {
+		return HedgeBar{}
+	}
+	return HedgeBar{set: true, class: healthClass(e)}
+}
+
+// MayHedge reports whether a connection race with bar may start next
+// while its earlier attempts still run: next is as healthy as the race's
+// first candidate was (HedgeBar). A less healthy one, such as an API
+// server that fails /readyz but handshakes quickly, would win every race
+// against a slow healthy first candidate and serve its requests; it is
+// tried once the attempts before it failed. Next unknown to the pool:
+// true.
+func (p *Pool) MayHedge(bar HedgeBar, next string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.eps[next]
+	return !ok || !bar.set || healthClass(e) <= bar.class
 }
 
 // Usable reports whether addr is in the pool and neither unhealthy nor

@@ -1,0 +1,78 @@
+//go:build linux
+
+package endpoint_test
+
+import (
+	"errors"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/internal/testnet"
+	"github.com/apifailover/apifailover/transport/endpoint"
+	"github.com/apifailover/apifailover/transport/upstream"
+)
+
+// refusedAddr returns an address on 127.0.0.1 nothing listens on: a
+// connect to it is refused at once.
+func refusedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// A healthy first candidate that fails at once is marked unhealthy
+// (Fall 1), but that does not let a less healthy endpoint hedge the
+// healthy attempt still in flight: the unhealthy but quick one starts
+// only once the slow healthy one (its SYNs dropped) has timed out, in
+// whichever order the pool's tie puts the two healthy ones.
+func TestDialAnyHedgeBarOutlivesAFailure(t *testing.T) {
+	refused, hung := refusedAddr(t), testnet.HungListener(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	notReady := ln.Addr().String()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+
+	p, err := upstream.New(upstream.Config{IsLocal: func(string) bool { return false }, Rise: 1, Fall: 1})
+	require.NoError(t, err)
+	require.NoError(t, p.Set(upstream.SourceStatic, []upstream.Spec{{Addr: refused}, {Addr: hung}, {Addr: notReady}}))
+	p.ReportSuccess(refused)
+	p.ReportSuccess(hung)
+	p.ReportFailure(notReady, upstream.FailureDial, errors.New("GET /readyz: 500"))
+	cands := p.Candidates()
+	require.Equal(t, notReady, cands[2], "the unhealthy one last: %v", cands)
+
+	var mu sync.Mutex
+	var ends []string // the attempts' endpoints, as they end
+	d := &endpoint.Dialer{Pool: p, StaggerDelay: 20 * time.Millisecond, AttemptTimeout: 500 * time.Millisecond, Timeout: time.Minute,
+		OnDial: func(addr string, _ time.Duration, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			ends = append(ends, addr)
+		}}
+	conn, addr, err := d.DialAny(t.Context(), cands)
+	require.NoError(t, err)
+	conn.Close()
+	assert.Equal(t, notReady, addr, "the only one that answers")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, ends, 3, "%v", ends)
+	assert.Less(t, slices.Index(ends, hung), slices.Index(ends, notReady),
+		"the endpoint that is not ready started beside the healthy attempt, and won the race: %v", ends)
+}
