@@ -27,7 +27,8 @@ const failbackPoll = time.Second
 // prefers (the one new connections go to, but for a moment of crowding:
 // upstream.Status.Preferred) once it has been healthy without a break for
 // settle: the connections to endpoints it outranks (upstream.Pool.Outranks:
-// locality, static last resort, RTT tier — never between equals) are
+// locality, static last resort, RTT tier — never between equals — or an
+// endpoint that is down, to which a dial failed open) are
 // closed one at a time, oldest first, at most one per
 // gap, each gap stretched by up to half at random, so that kubelet and
 // the node's watches reconnect to it without a herd. The first close of a

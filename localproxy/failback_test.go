@@ -66,6 +66,7 @@ type fbBed struct {
 	pool   *upstream.Pool
 	reg    *endpoint.Registry[*fbConn]
 	aDown  atomic.Bool
+	cDown  atomic.Bool
 	ids    int
 	mu     sync.Mutex // guards closes and counted
 	closes []fbClose
@@ -89,7 +90,7 @@ func newFBBedOf(t *testing.T, settle time.Duration, rate float64, tiers bool) *f
 	b.pool, err = upstream.New(upstream.Config{
 		Zone: "a", IsLocal: func(string) bool { return false }, Interval: time.Second, Jitter: -1, Rise: 1, Fall: 1,
 		Prober: upstream.ProberFunc(func(_ context.Context, addr string) error {
-			if addr == fbA && b.aDown.Load() {
+			if addr == fbA && b.aDown.Load() || addr == fbC && b.cDown.Load() {
 				return errors.New("connection refused")
 			}
 			if tiers {
@@ -201,12 +202,12 @@ func TestFailbackMovesConnectionsBackGradually(t *testing.T) {
 		}
 		busy := b.add(fbB)
 		busy.waiting.Store(true)
-		b.add(fbA)
 
 		sleep(time.Minute)
 		assert.Empty(t, b.taken(), "A is down: nothing to move to")
 
 		since := b.setA(true)
+		b.add(fbA)
 		sleep(settle - time.Since(since) - time.Nanosecond)
 		assert.Empty(t, b.taken(), "closed before A settled")
 
@@ -320,6 +321,29 @@ func TestFailbackLeavesEqualsAlone(t *testing.T) {
 		b.add(fbC)
 		sleep(time.Hour)
 		assert.Empty(t, b.taken())
+	})
+}
+
+// A connection made to an endpoint while it was down (a dial that failed
+// open to it) is moved to a healthy equal once that has been healthy for
+// the settle time: the drain, which moves connections off an endpoint as
+// it goes down, came before it.
+func TestFailbackMovesConnectionsOffADownEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const settle = 30 * time.Second
+		b := newFBBed(t, settle, 100)
+		b.cDown.Store(true)
+		sleep(2 * time.Second)
+		require.Equal(t, upstream.StateUnhealthy, b.state(fbC))
+		stays := b.add(fbB)
+		moved := b.add(fbC)
+		sleep(settle + 2*time.Second)
+		closes := b.taken()
+		require.Len(t, closes, 1, "%+v", closes)
+		assert.Equal(t, moved.id, closes[0].id)
+		assert.NotEqual(t, stays.id, closes[0].id)
+		sleep(time.Hour)
+		assert.Len(t, b.taken(), 1, "the healthy equal keeps its connection")
 	})
 }
 

@@ -233,15 +233,21 @@ func hostOf(addr string) string {
 // same zone), discovered before static-only (the last resort), lower RTT
 // tier. It compares the candidate order's own keys (Candidates), without
 // what only orders equals (waiting connections, stickiness, the tie
-// hash), so that connections are never moved between equals. b's health
-// is not compared: moving connections off an endpoint that is down is the
-// drain's business. False if either is not in the pool.
+// hash), so that connections are never moved between equals. A b that is
+// down (unhealthy or quarantined) is outranked whatever its keys: the
+// drain moves connections off an endpoint as it goes down, but not those
+// made to it while it was down (a dial that failed open to it, the
+// better attempts having failed), which would stay there as long as
+// their clients keep them. False if either is not in the pool.
 func (p *Pool) Outranks(a, b string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ea, eb := p.eps[a], p.eps[b]
 	if ea == nil || eb == nil || ea.state != StateHealthy || healthClass(ea) != 0 || ea.stalled > 0 {
 		return false
+	}
+	if eb.state == StateUnhealthy || eb.state == StateQuarantined {
+		return true
 	}
 	lasting := func(k rankKey) rankKey {
 		return rankKey{locality: k.locality, lastResort: k.lastResort, tier: k.tier}

@@ -43,5 +43,15 @@ func TestOutranks(t *testing.T) {
 	p.ReportFailure(addrB, upstream.FailureConnLost, nil)
 	p.ReportFailure(addrB, upstream.FailureConnLost, nil)
 	assert.Equal(t, upstream.StateUnhealthy, stateOf(t, p, addrB))
-	assert.True(t, p.Outranks(addrA, addrB), "B's health is not compared")
+	assert.True(t, p.Outranks(addrA, addrB), "A outranks B anyway")
+	assert.False(t, p.Outranks(addrB, addrC), "B is down")
+	// An endpoint that is down is outranked by a healthy one whatever
+	// their keys: its connections were made while it was down, the
+	// drain having come before them.
+	p.ReportFailure(addrC, upstream.FailureConnLost, nil)
+	p.ReportFailure(addrC, upstream.FailureConnLost, nil)
+	assert.Equal(t, upstream.StateUnhealthy, stateOf(t, p, addrC))
+	assert.True(t, p.Outranks(addrD, addrC), "static-only D over C, down")
+	assert.False(t, p.Outranks(addrC, addrD), "C is down")
+	assert.False(t, p.Outranks(addrB, addrC), "both down")
 }
