@@ -3,8 +3,10 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -113,7 +115,7 @@ func (d *Discoverer) Run(ctx context.Context) {
 				d.log.Info("listing EndpointSlices works again; watching them instead of polling the kubernetes Endpoints")
 				fallback = false
 			}
-		})
+		}, b.Reset)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -136,17 +138,28 @@ func (d *Discoverer) Run(ctx context.Context) {
 			if !sleepCtx(ctx, b.Next()) {
 				return
 			}
-		default:
-			b.Reset()
 		}
 	}
 }
 
-// watchSlices lists the slices and follows the watch until it ends. It
-// calls listed after a successful list. It returns nil when the watch ended
-// normally (to be resumed by a new list) and the error otherwise. A 410
-// Gone leads to a fresh list.
-func (d *Discoverer) watchSlices(ctx context.Context, listed func()) error {
+// healthyWatch is how long an EndpointSlice watch must last for
+// discovery to count it as working: its end, or its error, then waits
+// the shortest backoff again. A watch that ends sooner without an error
+// (a server, or something between, that closes watches at once) is an
+// error (errShortWatch): the next list waits its backoff, where watching
+// again at once would loop as fast as the watches end.
+const healthyWatch = 10 * time.Second
+
+// errShortWatch is a watch that ended, without an error, before
+// healthyWatch.
+var errShortWatch = errors.New("the watch ended at once")
+
+// watchSlices lists the slices and follows watches from there until one
+// fails, or ends without an error before healthyWatch (errShortWatch),
+// or ctx is done. It calls listed after a successful list, and healthy
+// after each watch that lasted healthyWatch. A 410 Gone leads to a fresh
+// list.
+func (d *Discoverer) watchSlices(ctx context.Context, listed, healthy func()) error {
 	api := d.client.DiscoveryV1().EndpointSlices(kubernetesNamespace)
 	list, err := api.List(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel})
 	if err != nil {
@@ -160,17 +173,25 @@ func (d *Discoverer) watchSlices(ctx context.Context, listed func()) error {
 	d.apply(slicesByName)
 	rv := list.ResourceVersion
 	for ctx.Err() == nil {
+		began := time.Now()
 		w, err := api.Watch(ctx, metav1.ListOptions{LabelSelector: serviceNameLabel, ResourceVersion: rv, AllowWatchBookmarks: true})
 		if err != nil {
 			return err
 		}
 		rv, err = d.follow(ctx, w, slicesByName, rv)
 		w.Stop()
-		if err != nil {
+		lasted := time.Since(began)
+		if lasted >= healthyWatch {
+			healthy()
+		}
+		switch {
+		case err != nil:
 			return err
+		case lasted < healthyWatch && ctx.Err() == nil:
+			return fmt.Errorf("EndpointSlice watch: %w after %s", errShortWatch, lasted.Round(time.Millisecond))
 		}
 	}
-	return nil
+	return ctx.Err()
 }
 
 // follow applies watch events until the watch or ctx ends. It returns the
@@ -232,7 +253,8 @@ func (d *Discoverer) apply(slicesByName map[string]*discoveryv1.EndpointSlice) {
 	d.set(specs, "EndpointSlices")
 }
 
-// set sets the pool's discovered endpoints to the valid ones of specs,
+// set sets the pool's discovered endpoints to the valid ones of specs
+// (upstream.ParseAddr, discoverable),
 // each address once (the first with a zone gives it), at most
 // MaxDiscoveredEndpoints of them in the order given, unless there are
 // none: then the last good set stays.
@@ -243,6 +265,9 @@ func (d *Discoverer) set(specs []upstream.Spec, from string) {
 	dropped := 0
 	for _, s := range specs {
 		addr, err := upstream.ParseAddr(s.Addr)
+		if err == nil {
+			err = discoverable(addr)
+		}
 		if err != nil {
 			invalid = append(invalid, err)
 			continue
@@ -282,6 +307,31 @@ func (d *Discoverer) set(specs []upstream.Spec, from string) {
 	}
 }
 
+// discoverable refuses a discovered address (normalized by
+// upstream.ParseAddr) that the API server's endpoint reconciler never
+// writes: a host name, or an IP address that is unspecified, link-local
+// or multicast, which Kubernetes refuses in Endpoints and in IPv4 and
+// IPv6 EndpointSlices (loopback too, but unit tests' servers listen
+// there). Slices of host names (FQDN) are skipped whole (SlicesToSpecs):
+// anyone allowed to write EndpointSlices in default can label one as the
+// kubernetes Service's, and one listing localhost, or 127.0.0.1, on the
+// node-local proxy's port would have the proxy connect to itself for
+// every client connection.
+func discoverable(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("%s: a host name; want an IP address, as API servers list themselves", addr)
+	}
+	if ip.IsUnspecified() || ip.IsLinkLocalUnicast() || ip.IsMulticast() {
+		return fmt.Errorf("%s: an unspecified, link-local or multicast address; want an API server's own address, as API servers list themselves", addr)
+	}
+	return nil
+}
+
 func specAddrs(specs []upstream.Spec) []string {
 	out := make([]string, len(specs))
 	for i, s := range specs {
@@ -293,10 +343,12 @@ func specAddrs(specs []upstream.Spec) []string {
 // SlicesToSpecs returns the ready endpoints of an EndpointSlice of the
 // kubernetes Service as pool specs: every address with the slice's https
 // port (or its only port), and the endpoint's zone. An endpoint whose Ready
-// condition is unset counts as ready, as the API documents.
+// condition is unset counts as ready, as the API documents. A slice of
+// host names (FQDN), which API servers never write, gives none
+// (discoverable).
 func SlicesToSpecs(s *discoveryv1.EndpointSlice) []upstream.Spec {
 	port := slicePort(s.Ports)
-	if port == 0 {
+	if port == 0 || s.AddressType == discoveryv1.AddressTypeFQDN {
 		return nil
 	}
 	var specs []upstream.Spec

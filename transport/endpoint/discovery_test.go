@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -238,8 +239,9 @@ func TestDiscoveryForbiddenAfterSlicesWorkedRetriesSoon(t *testing.T) {
 		synctest.Wait()
 		require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, discovered(pool), "from the slices")
 
-		// The apiserver serving the watch restarts; the one that answers
-		// the next list is not authorizing yet.
+		// The apiserver serving the watch restarts, a minute on; the one
+		// that answers the next list is not authorizing yet.
+		time.Sleep(time.Minute)
 		forbidden.Store(true)
 		w.Load().Stop()
 		synctest.Wait()
@@ -256,6 +258,7 @@ func TestDiscoveryForbiddenAfterSlicesWorkedRetriesSoon(t *testing.T) {
 			lists.Add(1)
 			return false, nil, nil
 		})
+		time.Sleep(time.Minute)
 		forbidden.Store(true)
 		w.Load().Stop()
 		time.Sleep(time.Hour)
@@ -269,7 +272,8 @@ func TestDiscoveryForbiddenAfterSlicesWorkedRetriesSoon(t *testing.T) {
 // vouches for (anyone who may write slices in default can label one):
 // FQDN and IPv6 slices, empty ones, not-ready and duplicate endpoints,
 // bad addresses, a slice without a usable port, and a thousand addresses.
-// The pool gets the valid ready addresses once each, at most
+// The pool gets the valid ready IP addresses once each (nothing of an
+// FQDN slice, no link-local or multicast address), at most
 // MaxDiscoveredEndpoints of them, and the real apiservers among them.
 func TestDiscoveryJunkSlices(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -282,6 +286,14 @@ func TestDiscoveryJunkSlices(t *testing.T) {
 		notReady := kubeSlice("junk-not-ready", false, "10.0.9.9")
 		dup := kubeSlice("junk-dup", true, "10.0.0.1", "10.0.0.2", "10.0.0.1")
 		bad := kubeSlice("junk-bad", true, "999.1.1.1", "", "0.0.0.0", "-x-")
+		// An FQDN slice naming this host (the node-local proxy, were its
+		// port given), and addresses Kubernetes refuses in IP slices:
+		// link-local and multicast.
+		self := kubeSlice("junk-self", true, "localhost", "127.0.0.1", "10.0.7.7")
+		self.AddressType = discoveryv1.AddressTypeFQDN
+		linkLocal := kubeSlice("junk-link-local", true, "169.254.169.254", "224.0.0.1")
+		linkLocalV6 := kubeSlice("junk-link-local-v6", true, "fe80::1", "ff02::1")
+		linkLocalV6.AddressType = discoveryv1.AddressTypeIPv6
 		noPort := kubeSlice("junk-no-port", true, "10.0.8.8")
 		noPort.Ports = nil
 		var many []string
@@ -289,7 +301,7 @@ func TestDiscoveryJunkSlices(t *testing.T) {
 			many = append(many, fmt.Sprintf("1.251.%d.%d", i/250, i%250+1)) // sorts before 10.0.0.x
 		}
 		lots := kubeSlice("junk-many", true, many...)
-		cs := fake.NewClientset(real, fqdn, v6, empty, notReady, dup, bad, noPort, lots)
+		cs := fake.NewClientset(real, fqdn, v6, empty, notReady, dup, bad, self, linkLocal, linkLocalV6, noPort, lots)
 		pool := newDiscoveryPool(t)
 		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
 		synctest.Wait()
@@ -309,7 +321,69 @@ func TestDiscoveryJunkSlices(t *testing.T) {
 		// Without the thousand, every valid ready address, once.
 		require.NoError(t, cs.DiscoveryV1().EndpointSlices("default").Delete(t.Context(), "junk-many", metav1.DeleteOptions{}))
 		synctest.Wait()
-		assert.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "[fd00::1]:6443", "api.example.invalid:6443"}, discovered(pool))
+		assert.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "[fd00::1]:6443"}, discovered(pool), "nothing of an FQDN slice, no link-local or multicast address")
 		assert.True(t, pool.Has(staticAddr))
+	})
+}
+
+// A watch that ends at once without an error (a server, or something
+// between, that closes watches as they start) is backed off like an
+// error: without that, discovery watched again as fast as the watches
+// ended, at the servers that were failing already.
+func TestDiscoveryBacksOffWatchesThatEndAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1"))
+		var watches atomic.Int32
+		cs.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+			w := watch.NewFake()
+			if watches.Add(1) <= 1000 { // beyond, the watch lasts: a loop that never waits ends
+				w.Stop()
+			}
+			return true, w, nil
+		})
+		pool := newDiscoveryPool(t)
+		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		// Backoffs of 1, 2, 4, 8, 16 and 30s (±20%) before each list.
+		assert.LessOrEqual(t, watches.Load(), int32(8), "watches in a minute")
+		assert.Equal(t, []string{"10.0.0.1:6443"}, discovered(pool), "the lists still apply")
+	})
+}
+
+// The backoff starts over once a watch has worked for a while: a watch
+// that fails after a minute is followed by a list a second later, not
+// by the 30s that earlier failures (here five lists at start) reached.
+func TestDiscoveryBackoffStartsOverAfterAWatchThatWorked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset(kubeSlice("kubernetes", true, "10.0.0.1"))
+		var mu sync.Mutex
+		var lists []time.Time
+		cs.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			lists = append(lists, time.Now())
+			if len(lists) <= 5 {
+				return true, nil, apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+			}
+			return false, nil, nil
+		})
+		watchers := make(chan *watch.FakeWatcher, 10)
+		cs.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+			w := watch.NewFake()
+			watchers <- w
+			return true, w, nil
+		})
+		pool := newDiscoveryPool(t)
+		runDiscoverer(t, cs, pool, endpoint.DiscovererOptions{})
+		w := <-watchers
+		time.Sleep(time.Minute)
+		w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError, Message: "watch broke"})
+		failed := time.Now()
+		<-watchers
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, lists, 7)
+		assert.Less(t, lists[6].Sub(failed), 2*time.Second, "the list after a watch that worked for a minute")
 	})
 }
