@@ -18,8 +18,8 @@ const (
 	maxAcceptBackoff = time.Second
 	// acceptStuckAfter: a listener whose Accept has failed for this long
 	// without a single success fails /healthz, so that a supervisor
-	// (kubelet's liveness probe, systemd's watchdog script) restarts a
-	// proxy that can no longer take clients.
+	// that watches it (kubelet's liveness probe) restarts a proxy that
+	// can no longer take clients.
 	acceptStuckAfter = 30 * time.Second
 )
 

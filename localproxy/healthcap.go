@@ -1,8 +1,7 @@
 package localproxy
 
 import (
-	"github.com/apifailover/apifailover/internal/monotime"
-
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/apifailover/apifailover/internal/monotime"
 )
 
 // HealthMaxConnections bounds the health server's open connections. What
@@ -60,6 +61,22 @@ const (
 	// default probe timeout of 1s: a probe kept waiting this long is
 	// still answered in time.
 	healthUnreadWait = 250 * time.Millisecond
+	// healthStalledWrite: an answer whose write has been blocked this
+	// long waits for a client that does not read it (answers are at
+	// most a few hundred KiB, which a local client's socket buffers
+	// take at once): at the cap, that connection gives its slot when no
+	// connection without a request in progress can.
+	healthStalledWrite = 250 * time.Millisecond
+	// healthBackToBack and healthBackToBackGap: a connection whose
+	// last healthBackToBack requests or more each came within
+	// healthBackToBackGap of the answer before (pipelined, or sent in a
+	// tight loop) keeps the server busy by itself: at the cap, the one
+	// with the longest such run gives its slot when no connection
+	// without a request in progress can, nor one whose client reads no
+	// answer. kubelet's probes ask once per connection, a Prometheus
+	// scraper once per scrape.
+	healthBackToBack    = 4
+	healthBackToBackGap = 100 * time.Millisecond
 )
 
 // healthLimits are the health server's limits that tests change
@@ -82,8 +99,14 @@ func (l *healthLimits) setDefaults() {
 // its request headers, or idle between requests; see connState) among
 // those the server waits on, in a Read, for the client's bytes: one that
 // only holds a slot, trickling its headers (slowloris) or sitting idle,
-// loses it to the next client, kubelet's probe included. When every slot
-// serves a request, the new connection is closed at once.
+// loses it to the next client, kubelet's probe included. Failing that,
+// among the connections serving a request, the one whose answer's write
+// has been blocked longest, over healthStalledWrite, loses it (its client
+// does not read), else the one with the longest run of requests back to
+// back (healthBackToBack): a process that pipelines requests on every
+// slot, whether it reads the answers or not, would otherwise keep each
+// slot busy, and the probes out, as long as it likes. When every slot
+// serves a request otherwise, the new connection is closed at once.
 //
 // A connection the server has not read from yet (its goroutine has not
 // run: a loaded machine), or is parsing what it read, keeps its slot: its
@@ -110,6 +133,7 @@ type capListener struct {
 	max        int64
 	unreadWait time.Duration // healthUnreadWait; tests change it
 	open       atomic.Int64  // connections returned by Accept and not yet closed
+	closed     atomic.Bool   // Close was called
 	active     prometheus.Gauge
 	rejected   prometheus.Counter
 	evicted    prometheus.Counter
@@ -130,12 +154,28 @@ func newCapListener(ln net.Listener, max int, active prometheus.Gauge, rejected,
 // Accept returns the next connection, making room for it at the cap by
 // closing the open one that went longest without a request in progress
 // (see capListener), and closing it instead when there is none.
+//
+// An accept that fails is tried again after a backoff, whatever the
+// error, until the listener is closed: http.Server gives up at the first
+// error it does not know as temporary (ENOBUFS, ENOMEM, EPERM from a
+// firewall hook), which would leave the proxy serving clients with no
+// /healthz, so that kubelet restarted it, and with no /metrics.
 func (l *capListener) Accept() (net.Conn, error) {
+	var delay time.Duration
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
-			return nil, err
+			if errors.Is(err, net.ErrClosed) || l.closed.Load() {
+				return nil, err
+			}
+			if delay == 0 {
+				l.log.Error(err, "health server: accept failed; trying again, backing off")
+			}
+			delay = nextAcceptBackoff(delay)
+			time.Sleep(delay)
+			continue
 		}
+		delay = 0
 		if l.open.Add(1) > l.max && !l.makeRoom() {
 			l.open.Add(-1)
 			c.Close()
@@ -153,17 +193,26 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
+// Close closes the listener; Accept returns from then on.
+func (l *capListener) Close() error {
+	l.closed.Store(true)
+	return l.Listener.Close()
+}
+
 // makeRoom closes the connection whose slot a new one takes at the cap,
 // waiting up to unreadWait for the server to get to one it has not read
 // yet, and reports whether there is room now.
 func (l *capListener) makeRoom() bool {
 	deadline := time.Now().Add(l.unreadWait)
 	for {
-		victim, unread := l.oldestWithoutRequest()
+		victim, busy, unread := l.oldestWithoutRequest()
+		if victim == nil {
+			victim = busy
+		}
 		if victim != nil {
 			victim.Close() // gives its slot back
 			l.evicted.Inc()
-			l.note("health server full; closing the connection longest without a request", victim.RemoteAddr())
+			l.note("health server full; closing the connection longest without a request, or whose client reads no answer", victim.RemoteAddr())
 			return true
 		}
 		if !unread || !time.Now().Before(deadline) {
@@ -178,15 +227,27 @@ func (l *capListener) makeRoom() bool {
 
 // oldestWithoutRequest returns the open connection without a request in
 // progress that the server waits in a Read on whose state is oldest, nil
-// if there is none, and whether some connection without a request in
-// progress is one the server has not got to (not read from yet, parsing
-// what it read, or with the client's bytes queued for a Read whose
-// goroutine has not run yet).
-func (l *capListener) oldestWithoutRequest() (victim *cappedConn, unread bool) {
+// if there is none; the connection serving a request that may give its
+// slot (capListener: the one whose answer's write has been blocked
+// longest, over healthStalledWrite, else the one with the longest run of
+// requests back to back, healthBackToBack or more), nil if none; and
+// whether some connection without a request in progress is one the
+// server has not got to (not read from yet, parsing what it read, or
+// with the client's bytes queued for a Read whose goroutine has not run
+// yet).
+func (l *capListener) oldestWithoutRequest() (victim, busy *cappedConn, unread bool) {
+	stalledBefore := monotime.Now() - int64(healthStalledWrite)
+	var stalled, asker *cappedConn
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for c := range l.conns {
 		if c.busy.Load() {
+			if w := c.writing.Load(); w != 0 && w <= stalledBefore && (stalled == nil || w < stalled.writing.Load()) {
+				stalled = c
+			}
+			if n := c.backToBack.Load(); n >= healthBackToBack && (asker == nil || n > asker.backToBack.Load()) {
+				asker = c
+			}
 			continue
 		}
 		// Waiting in a Read, but with the client's bytes queued: the
@@ -200,7 +261,11 @@ func (l *capListener) oldestWithoutRequest() (victim *cappedConn, unread bool) {
 			victim = c
 		}
 	}
-	return victim, unread
+	busy = stalled
+	if busy == nil {
+		busy = asker
+	}
+	return victim, busy, unread
 }
 
 // connState is the health server's http.Server.ConnState: a connection
@@ -214,6 +279,14 @@ func (l *capListener) connState(c net.Conn, s http.ConnState) {
 	switch s {
 	case http.StateActive:
 		cc.busy.Store(true)
+		// Within healthBackToBackGap of the last answer: back to back
+		// with it. The first request counts from the accept.
+		if cc.served.Load() && monotime.Now()-cc.since.Load() < int64(healthBackToBackGap) {
+			cc.backToBack.Add(1)
+		} else {
+			cc.backToBack.Store(1)
+		}
+		cc.served.Store(true)
 	case http.StateIdle:
 		cc.busy.Store(false)
 		cc.since.Store(monotime.Now())
@@ -249,20 +322,33 @@ func (l *capListener) note(msg string, client net.Addr) {
 // in progress; since: when it was accepted or last went idle; reading:
 // the server waits in a Read on it for the client's bytes (false from
 // the accept until the server's first Read, and while the server parses
-// what a Read returned).
+// what a Read returned); writing: when the Write in progress began
+// (monotime), 0 if none; served: a request was read; backToBack: how
+// many requests in a row came within healthBackToBackGap of the answer
+// before them.
 type cappedConn struct {
 	net.Conn
-	l       *capListener
-	busy    atomic.Bool
-	since   atomic.Int64
-	reading atomic.Bool
-	once    sync.Once
+	l          *capListener
+	busy       atomic.Bool
+	since      atomic.Int64
+	reading    atomic.Bool
+	writing    atomic.Int64
+	served     atomic.Bool
+	backToBack atomic.Int32
+	once       sync.Once
 }
 
 func (c *cappedConn) Read(b []byte) (int, error) {
 	c.reading.Store(true)
 	n, err := c.Conn.Read(b)
 	c.reading.Store(false)
+	return n, err
+}
+
+func (c *cappedConn) Write(b []byte) (int, error) {
+	c.writing.Store(monotime.Now())
+	n, err := c.Conn.Write(b)
+	c.writing.Store(0)
 	return n, err
 }
 

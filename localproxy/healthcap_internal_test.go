@@ -1,9 +1,13 @@
 package localproxy
 
 import (
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/apifailover/apifailover/internal/monotime"
 )
 
 // capTest is a capListener over real TCP connections, with the client
@@ -249,4 +255,90 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// failingOnce is a listener whose first Accept fails with err.
+type failingOnce struct {
+	net.Listener
+	err    error
+	failed atomic.Bool
+}
+
+func (f *failingOnce) Accept() (net.Conn, error) {
+	if !f.failed.Swap(true) {
+		return nil, f.err
+	}
+	return f.Listener.Accept()
+}
+
+// An accept error that http.Server does not know as temporary (ENOBUFS)
+// does not end the health server: the listener tries again, and the
+// next client is served; once closed, Accept returns.
+func TestCapListenerRetriesAFailedAccept(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "active"})
+	counter := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}) }
+	l := newCapListener(&failingOnce{Listener: inner, err: os.NewSyscallError("accept4", syscall.ENOBUFS)}, 4, gauge, counter(), counter(), logr.Discard())
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }), ConnState: l.connState}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + inner.Addr().String() + "/")
+	require.NoError(t, err, "the server stopped at the failed accept")
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, srv.Close())
+	select {
+	case err := <-served:
+		assert.ErrorIs(t, err, http.ErrServerClosed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after Close")
+	}
+}
+
+// Among connections serving a request, at the cap, the one whose
+// answer's write has been blocked over healthStalledWrite (its client
+// reads nothing) gives its slot first, then the one with the longest run
+// of requests back to back; one serving a single request keeps its slot.
+func TestCapListenerEvictsAStalledWriterThenABackToBackAsker(t *testing.T) {
+	ct := newCapTest(t, 3)
+	l, closed := ct.l, ct.closed
+	probe, asker, stalled := ct.accept(), ct.accept(), ct.accept()
+	for _, c := range []*cappedConn{probe, asker, stalled} {
+		ct.serve(c)
+		l.connState(c, http.StateActive)
+	}
+	for range healthBackToBack + 2 {
+		l.connState(asker, http.StateIdle)
+		l.connState(asker, http.StateActive)
+	}
+	require.Equal(t, int32(healthBackToBack+3), asker.backToBack.Load())
+	assert.Equal(t, int32(1), probe.backToBack.Load())
+	// The client of stalled reads nothing: the write blocks once the
+	// socket buffers are full.
+	go stalled.Write(make([]byte, 64<<20))
+	require.Eventually(t, func() bool {
+		w := stalled.writing.Load()
+		return w != 0 && monotime.Now()-w > int64(healthStalledWrite)
+	}, 10*time.Second, time.Millisecond)
+
+	next := ct.accept()
+	assert.True(t, closed(stalled), "the connection whose client reads nothing")
+	assert.False(t, closed(probe) || closed(asker) || closed(next))
+	ct.serve(next)
+	l.connState(next, http.StateActive)
+	last := ct.accept()
+	assert.True(t, closed(asker), "then the one asking back to back")
+	assert.False(t, closed(probe) || closed(next) || closed(last))
+	assert.Equal(t, 2.0, counterValue(ct.evicted))
+
+	// Every slot serves a single request: the next connection is turned
+	// away.
+	ct.serve(last)
+	l.connState(last, http.StateActive)
+	ct.dial()
+	stop := ct.acceptAll()
+	require.Eventually(t, func() bool { return counterValue(ct.rejected) == 1 }, 5*time.Second, time.Millisecond)
+	assert.False(t, closed(probe) || closed(next) || closed(last))
+	stop()
 }

@@ -101,6 +101,41 @@ func TestHealthServerCapsConnections(t *testing.T) {
 		10*time.Second, 5*time.Millisecond, "the holders' connections are given back")
 }
 
+// A local process that pipelines requests on every slot of the health
+// server, reading none of the answers, keeps every slot serving a
+// request; it cannot keep kubelet's probe out: at the cap, the connection
+// with the longest run of requests back to back (or, once the answers
+// fill its buffers, the one whose write has been blocked longest) gives
+// its slot to the new one.
+func TestHealthServerEvictsPipeliningClients(t *testing.T) {
+	r := startWithHealth(t, 0)
+	haddr := r.HealthAddr().String()
+	pipelined := []byte(strings.Repeat("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 2000))
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range localproxy.HealthMaxConnections {
+		c, err := net.DialTimeout("tcp", haddr, 10*time.Second)
+		require.NoError(t, err)
+		require.NoError(t, c.(*net.TCPConn).SetReadBuffer(4096)) // full sooner
+		conns = append(conns, c)
+		go c.Write(pipelined) // blocks once the server stops reading; ends at the close
+	}
+	require.Eventually(t, metricIs(r, healthActive, localproxy.HealthMaxConnections), 10*time.Second, 5*time.Millisecond)
+	time.Sleep(time.Second) // the answers fill the sockets' buffers, and the server's writes block
+
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get("http://" + haddr + "/healthz")
+	require.NoError(t, err, "a probe while every slot serves pipelined requests")
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Positive(t, metric(t, r.reg, healthEvicted))
+	assert.Zero(t, metric(t, r.reg, healthRejected))
+}
+
 // A client that sends its request headers a byte at a time, each in good
 // time for any per-read timeout (slowloris), is disconnected once the
 // health server's ReadHeaderTimeout has passed since it connected, before
