@@ -13,6 +13,9 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -344,12 +347,20 @@ func (c *Config) setDefaults() error {
 	if len(c.Endpoints) == 0 {
 		return errors.New("localproxy: no endpoints configured")
 	}
+	// Normalized in a copy: the caller's slice stays as given.
+	c.Endpoints = slices.Clone(c.Endpoints)
 	c.specs = make([]upstream.Spec, len(c.Endpoints))
+	first := make(map[string]string, len(c.Endpoints)) // address -> the entry that gave it
 	for i, e := range c.Endpoints {
 		spec, err := ParseEndpoint(e)
 		if err != nil {
 			return fmt.Errorf("localproxy: Endpoints: %w", err)
 		}
+		// The pool keeps one entry, and one zone, per address.
+		if f, dup := first[spec.Addr]; dup {
+			return fmt.Errorf("localproxy: Endpoints: %q is the same address, %s, as %q before it; want each API server once (one entry, with one zone, per address)", e, spec.Addr, f)
+		}
+		first[spec.Addr] = e
 		c.specs[i], c.Endpoints[i] = spec, FormatEndpoint(spec)
 	}
 	if c.Discovery != nil && c.Discovery.Insecure {
@@ -377,6 +388,9 @@ func (c *Config) setDefaults() error {
 	}
 	if len(c.ListenAddresses) == 0 {
 		c.ListenAddresses = []string{DefaultListenAddress}
+	}
+	if err := checkListenAddresses(c.ListenAddresses); err != nil {
+		return err
 	}
 	c.HandoverTimeout = endpoint.OrDefault(c.HandoverTimeout, DefaultHandoverTimeout)
 	if c.Pool.Logger.GetSink() == nil {
@@ -469,3 +483,37 @@ func (c *Config) buildProber() error {
 // is none (a Config.Pool.Prober is not one). Its methods answer for nil:
 // Credentials says "none", OnCAChange does nothing.
 func (p *Proxy) Prober() *endpoint.Prober { return p.cfg.prober }
+
+// checkListenAddresses refuses a ListenAddresses entry that is not
+// host:port, and an address given twice (after IP spelling, IPv4-mapped
+// IPv6 as the IPv4 address net.Listen binds, host name case and a
+// trailing dot, port spelling): the proxy's listeners use SO_REUSEPORT,
+// so the second would bind beside the first, split its clients, and be
+// taken by a hand-over for a successor. Port 0 (any free port) may
+// repeat: each entry gets its own port.
+func checkListenAddresses(addrs []string) error {
+	first := make(map[string]string, len(addrs)) // normalized -> the entry that gave it
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return fmt.Errorf("localproxy: ListenAddresses: %q: want host:port, e.g. 127.0.0.1:7445 or [::1]:7445: %w", a, err)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+			if n == 0 {
+				continue
+			}
+			port = strconv.FormatUint(n, 10)
+		}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			host = ip.Unmap().String()
+		} else {
+			host = strings.ToLower(strings.TrimSuffix(host, "."))
+		}
+		key := net.JoinHostPort(host, port)
+		if f, dup := first[key]; dup {
+			return fmt.Errorf("localproxy: ListenAddresses: %q is the same address, %s, as %q before it; want each address once (two listeners on one address split its clients, and confuse the hand-over to a new localproxy)", a, key, f)
+		}
+		first[key] = a
+	}
+	return nil
+}

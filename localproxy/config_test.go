@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -77,4 +78,45 @@ func TestConfigProbeOwnDial(t *testing.T) {
 	require.NoError(t, r.stop())
 	assert.Equal(t, endpoint.ProbeTCP, pc.Mode)
 	assert.Zero(t, pc.Logger, "the Probe given is not changed")
+}
+
+// TestConfigRefusesDuplicates: New refuses an API server given twice in
+// Endpoints (after normalization) and an address given twice in
+// ListenAddresses, naming both entries; port 0 may repeat. The caller's
+// Endpoints slice is left as given.
+func TestConfigRefusesDuplicates(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		listen    []string
+		want      string // "" accepted
+	}{
+		{name: "endpoint twice", endpoints: []string{"10.0.0.1:6443", "10.0.0.1:6443"}, want: `Endpoints: "10.0.0.1:6443" is the same address, 10.0.0.1:6443, as "10.0.0.1:6443" before it`},
+		{name: "endpoint in two zones", endpoints: []string{"10.0.0.1:6443@a", "10.0.0.2:6443", "10.0.0.1:6443@b"}, want: `"10.0.0.1:6443@b" is the same address, 10.0.0.1:6443, as "10.0.0.1:6443@a"`},
+		{name: "host case and trailing dot", endpoints: []string{"API.example.com:6443", "api.example.com.:6443"}, want: `as "API.example.com:6443" before it`},
+		{name: "IPv6 spelling", endpoints: []string{"[2001:db8::1]:6443", "[2001:0db8:0:0::1]:6443"}, want: "the same address, [2001:db8::1]:6443"},
+		{name: "other ports", endpoints: []string{"10.0.0.1:6443", "10.0.0.1:6444"}},
+		{name: "listen twice", listen: []string{"127.0.0.1:7445", "[::1]:7445", "127.0.0.1:7445"}, want: `ListenAddresses: "127.0.0.1:7445" is the same address, 127.0.0.1:7445, as "127.0.0.1:7445" before it`},
+		{name: "listen IPv4-mapped", listen: []string{"127.0.0.1:7445", "[::ffff:127.0.0.1]:7445"}, want: `"[::ffff:127.0.0.1]:7445" is the same address, 127.0.0.1:7445`},
+		{name: "listen port spelling", listen: []string{"localhost:7445", "LOCALHOST.:07445"}, want: `as "localhost:7445" before it`},
+		{name: "listen not host:port", listen: []string{"127.0.0.1"}, want: `ListenAddresses: "127.0.0.1": want host:port`},
+		{name: "listen port 0 twice", listen: []string{"127.0.0.1:0", "127.0.0.1:0"}},
+		{name: "listen other ports", listen: []string{"127.0.0.1:7445", "127.0.0.1:7447"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eps := tc.endpoints
+			if eps == nil {
+				eps = []string{"127.0.0.1:6443"}
+			}
+			given := slices.Clone(eps)
+			_, err := localproxy.New(localproxy.Config{Endpoints: eps, ListenAddresses: tc.listen})
+			assert.Equal(t, given, eps, "the caller's Endpoints")
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
 }
