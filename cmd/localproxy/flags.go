@@ -242,8 +242,9 @@ func envError(err error, env, name, v string) error {
 
 // checkIgnored checks v, the value of variable env that the value of f
 // overrides (from the flag, or from a variable read first): it must parse
-// as f's kind all the same, and a value other than f's is ignored with a
-// warning naming both. f keeps its value.
+// as f's kind all the same, and be in an int flag's range (intRanges),
+// and a value other than f's is ignored with a warning naming both. f
+// keeps its value.
 func (o *options) checkIgnored(f *flag.Flag, env, v string) error {
 	given := f.Value.String()
 	err := f.Value.Set(v)
@@ -254,7 +255,13 @@ func (o *options) checkIgnored(f *flag.Flag, env, v string) error {
 	switch {
 	case err != nil:
 		return envError(err, env, f.Name, v)
-	case got == given:
+	}
+	if r, ok := intRanges[f.Name]; ok {
+		if n, perr := strconv.Atoi(got); perr == nil && !r.contains(n) {
+			return usagef("invalid %s: want %s", input(env, f.Name, n), r)
+		}
+	}
+	if got == given {
 		return nil
 	}
 	winner := o.input(f.Name, valueOf(f, given))

@@ -361,12 +361,13 @@ func resolvePaths(cfg *clientcmdapi.Config, file string) error {
 }
 
 // serverHostPort returns the host and port of an https URL as
-// net.JoinHostPort does: an IP address in its normal form, a name in
-// lower case, port 443 if it has none.
+// net.JoinHostPort does: an IP address in its normal form (an
+// IPv4-mapped one as the IPv4 address it reaches), a name in lower case,
+// port 443 if it has none.
 func serverHostPort(u *url.URL) string {
 	host, port := strings.ToLower(u.Hostname()), u.Port()
 	if ip, err := netip.ParseAddr(host); err == nil {
-		host = ip.String()
+		host = ip.Unmap().String()
 	}
 	if port == "" {
 		port = "443"

@@ -156,6 +156,13 @@ func TestKubeconfigRewrites(t *testing.T) {
 			want:     map[string]cluster{"k": {"https://127.0.0.1:7445/", "api.example.com"}},
 			stderr:   []string{`cluster "k" (context "k") already points at https://127.0.0.1:7445/ with tls-server-name api.example.com: nothing to change`},
 		},
+		{
+			name:     "already localproxy, IPv4-mapped",
+			clusters: map[string]string{"k": "{server: 'https://[::ffff:127.0.0.1]:7445', tls-server-name: api.example.com}"},
+			current:  "k",
+			want:     map[string]cluster{"k": {"https://[::ffff:127.0.0.1]:7445", "api.example.com"}},
+			stderr:   []string{`already points at https://[::ffff:127.0.0.1]:7445 with tls-server-name api.example.com: nothing to change`},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

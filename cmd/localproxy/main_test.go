@@ -251,6 +251,36 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// TestSelfEndpointOnAHostAddress: under a wildcard bind address, an
+// endpoint at one of this host's own addresses (not loopback) on the bind
+// port is the proxy itself, as a kubeconfig naming the node's IP would
+// make it; a listener on loopback alone does not take it.
+func TestSelfEndpointOnAHostAddress(t *testing.T) {
+	var ip netip.Addr
+	addrs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() && !p.Addr().IsLinkLocalUnicast() {
+			ip = p.Addr()
+			break
+		}
+	}
+	if !ip.IsValid() {
+		t.Skip("this host has no IPv4 address but loopback")
+	}
+	ep := net.JoinHostPort(ip.String(), "9000")
+	for _, bind := range []string{"0.0.0.0", "::"} {
+		args := []string{"--endpoints=10.0.0.1:6443," + ep, "--probe=tcp", "--bind-address=" + bind, "--bind-port=9000"}
+		_, err = main.ParseConfig(args, env())
+		require.Error(t, err, "bind address %s", bind)
+		assert.Contains(t, err.Error(), `invalid --endpoints="`+ep+`": this proxy accepts clients on `+net.JoinHostPort(bind, "9000"))
+	}
+	_, err = main.ParseConfig([]string{"--endpoints=" + ep, "--probe=tcp", "--bind-address=127.0.0.1", "--bind-port=9000"}, env())
+	require.NoError(t, err)
+	_, err = main.ParseConfig([]string{"--endpoints=" + net.JoinHostPort(ip.String(), "6443"), "--probe=tcp", "--bind-address=0.0.0.0", "--bind-port=9000"}, env())
+	require.NoError(t, err, "another port")
+}
+
 // requireRefused stops the test at once if args and the environment kv
 // make a valid configuration, which run would serve until the test times
 // out.
@@ -344,6 +374,10 @@ func TestBadValues(t *testing.T) {
 		// Values that parse but are out of range read the same way.
 		{"out of range", append(ok, "--rise=0"), nil, []string{"invalid --rise=0: want a whole number, at least 1"}},
 		{"out of range from env", ok, []string{"LOCALPROXY_BIND_PORT", "0"}, []string{"invalid LOCALPROXY_BIND_PORT=0 (--bind-port): want a port number 1-65535"}},
+		// A variable a flag overrides is still checked: it would take
+		// effect once the flag is dropped from the unit or manifest.
+		{"out of range from an overridden env", append(ok, "--rise=3"), []string{"LOCALPROXY_RISE", "0"}, []string{"invalid LOCALPROXY_RISE=0 (--rise): want a whole number, at least 1"}},
+		{"port out of range beside its flag", append(ok, "--bind-port=7445"), []string{"LOCALPROXY_BIND_PORT", "70000"}, []string{"invalid LOCALPROXY_BIND_PORT=70000 (--bind-port): want a port number 1-65535"}},
 		{"enum", append(ok, "--log-format=xml"), nil, []string{`invalid --log-format="xml": want text or json`}},
 		{"enum from env", []string{"--endpoints=10.0.0.1:6443"}, []string{"LOCALPROXY_PROBE", "ping"}, []string{`invalid LOCALPROXY_PROBE="ping" (--probe): want readyz, held, tls or tcp`}},
 		// Zones: --zone, zones in --endpoints, --node-name.

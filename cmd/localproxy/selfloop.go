@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 )
 
@@ -15,9 +16,10 @@ var localhost = []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopbac
 // on, such as the server of a kubeconfig that 'localproxy kubeconfig'
 // rewrote: every connection to one would come back into the proxy, and be
 // sent on again. An endpoint is one when it is on --bind-port and its IP
-// address (an IP address, or localhost) is a bind address, or a loopback
-// address a wildcard bind address takes: 0.0.0.0 those of IPv4, :: both
-// (Go's listeners on :: are dual-stack). Other names are not resolved.
+// address (an IP address, or localhost) is a bind address, or an address
+// of this host a wildcard bind address takes (a loopback address, or one
+// of the host's interfaces at start): 0.0.0.0 those of IPv4, :: both (Go's
+// listeners on :: are dual-stack). Other names are not resolved.
 func (b *builder) selfEndpoints(eps []staticEndpoint, l listeners) {
 	if !l.bindOK {
 		return
@@ -33,7 +35,7 @@ func (b *builder) selfEndpoints(eps []staticEndpoint, l listeners) {
 		} else if host != "localhost" {
 			continue
 		}
-		if i := takenBy(l.binds, ips); i >= 0 {
+		if i := takenBy(l.binds, ips, hostAddrs); i >= 0 {
 			b.reject("endpoints", e.in, fmt.Sprintf("this proxy accepts clients on %s (%s, %s), so every connection to it would loop back into the proxy; "+
 				"want the API servers' own addresses, not the proxy's (a kubeconfig 'localproxy kubeconfig' rewrote has the proxy's)",
 				net.JoinHostPort(l.binds[i].String(), port), b.src("bind-address"), b.src("bind-port")))
@@ -42,17 +44,47 @@ func (b *builder) selfEndpoints(eps []staticEndpoint, l listeners) {
 }
 
 // takenBy returns the index of the first bind address that takes
-// connections to one of ips, -1 if none does.
-func takenBy(binds, ips []netip.Addr) int {
+// connections to one of ips, -1 if none does. A wildcard bind address
+// takes those to the host's own addresses (ownAddrs, asked only then).
+func takenBy(binds, ips []netip.Addr, ownAddrs func() []netip.Addr) int {
+	var own []netip.Addr
 	for i, bind := range binds {
+		if !bind.IsUnspecified() {
+			if slices.Contains(ips, bind) {
+				return i
+			}
+			continue
+		}
 		for _, ip := range ips {
-			switch {
-			case bind == ip,
-				bind == netip.IPv4Unspecified() && ip.Is4() && ip.IsLoopback(),
-				bind == netip.IPv6Unspecified() && ip.IsLoopback():
+			if bind.Is4() && !ip.Is4() {
+				continue // 0.0.0.0 takes no IPv6 connection
+			}
+			if ip.IsLoopback() || ip.IsUnspecified() { // a connection to 0.0.0.0 or :: is one to this host
+				return i
+			}
+			if own == nil {
+				own = ownAddrs()
+			}
+			if slices.Contains(own, ip) {
 				return i
 			}
 		}
 	}
 	return -1
+}
+
+// hostAddrs returns the addresses of this host's network interfaces,
+// IPv4-mapped ones as IPv4; none if they cannot be read.
+var hostAddrs = func() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return []netip.Addr{}
+	}
+	own := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			own = append(own, p.Addr().Unmap())
+		}
+	}
+	return own
 }
