@@ -123,7 +123,7 @@ func TestDaemonSetManifest(t *testing.T) {
 	spec := ds.Spec.Template.Spec
 	assert.Equal(t, sa.Name, spec.ServiceAccountName)
 	assert.Equal(t, ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
-	assert.Equal(t, corev1.DNSClusterFirstWithHostNet, spec.DNSPolicy)
+	assert.Equal(t, corev1.DNSDefault, spec.DNSPolicy, "the node's resolver: cluster DNS needs the API path this proxy is")
 	c := checkPodSpec(t, spec)
 	sc := c.SecurityContext
 	assert.Contains(t, c.Args, "--enable-discovery=true")
@@ -251,6 +251,17 @@ func TestSystemdUnitAndContainerfile(t *testing.T) {
 	for _, want := range []string{"[Unit]", "[Service]", "[Install]", "ExecStart=/usr/local/bin/localproxy", "Before=kubelet.service", "DynamicUser=yes", "StateDirectory=apifailover", "Restart=always"} {
 		assert.Contains(t, string(unit), want)
 	}
+	// The address families the sandbox leaves: IP, the socket
+	// activation's and journald's Unix sockets, and netlink, through
+	// which Go reads the host's addresses (net.InterfaceAddrs): without
+	// it no API server on the node counted as local, silently.
+	families := ""
+	for _, line := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(line, "RestrictAddressFamilies="); ok {
+			families = v
+		}
+	}
+	assert.ElementsMatch(t, []string{"AF_INET", "AF_INET6", "AF_UNIX", "AF_NETLINK"}, strings.Fields(families))
 	sock, err := os.ReadFile(filepath.Join("deploy", "localproxy.socket"))
 	require.NoError(t, err)
 	// The socket unit listens where the service does by default, so

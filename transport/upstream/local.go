@@ -3,6 +3,8 @@ package upstream
 import (
 	"net"
 	"net/netip"
+
+	"github.com/go-logr/logr"
 )
 
 // localAddrs answers whether an IP address belongs to this host. The
@@ -11,10 +13,15 @@ type localAddrs struct {
 	addrs map[netip.Addr]bool
 }
 
-func newLocalAddrs() *localAddrs {
+// newLocalAddrs reads this host's interface addresses; it logs to log
+// when it cannot (on Linux they come through a netlink socket, which a
+// sandbox may forbid: systemd's RestrictAddressFamilies without
+// AF_NETLINK), and then only loopback addresses are local.
+func newLocalAddrs(log logr.Logger) *localAddrs {
 	l := &localAddrs{addrs: make(map[netip.Addr]bool)}
 	ifaddrs, err := net.InterfaceAddrs()
 	if err != nil {
+		log.Info("cannot read this host's addresses: an API server on this host counts as local only at a loopback address", "err", err.Error())
 		return l
 	}
 	for _, a := range ifaddrs {
