@@ -391,9 +391,10 @@ type loopDial struct {
 	// deadline ends the whole dial; staggerAt starts the next candidate
 	// (zero: none to start).
 	deadline, staggerAt time.Time
-	// bar is how healthy a candidate must be to start while attempts
-	// are in flight (startOneLocked).
-	bar   upstream.HedgeBar
+	// bars are the candidates' (upstream.Pool.HedgeBars): how healthy a
+	// candidate must be to start while theirs are in flight
+	// (startOneLocked).
+	bars  []upstream.HedgeBar
 	timer loopTimer
 }
 
@@ -404,6 +405,7 @@ type loopTry struct {
 	fd    int
 	id    uint64 // its key's id: the conn's own for the first
 	start time.Time
+	bar   upstream.HedgeBar // the candidate's (loopDial.bars)
 }
 
 // dialReport is an attempt's end, reported once conn.mu is released:
@@ -456,9 +458,7 @@ func (p *Proxy) dialOnLoop(c *conn, fd int) {
 		mark: p.upstreams.Begin(), round: p.hold.Round(),
 		attempt: attempt, deadline: now.Add(timeout),
 	}
-	if len(cands) > 0 {
-		d.bar = p.pool.HedgeBar(cands[0])
-	}
+	d.bars = p.pool.HedgeBars(cands)
 	d.timer.fire = c.dialTimer
 	p.pipes.Add(1) // done by finish, as for a connection that pipes
 	c.mu.Lock()
@@ -517,8 +517,8 @@ func (c *conn) advanceLocked(now time.Time, start int, end *dialEnd) {
 
 // startOneLocked starts candidates in order until one connects or is
 // connecting; the stagger delay runs from then. While attempts are in
-// flight, it starts only a candidate as healthy as the first was when
-// the dial began (d.bar, upstream.Pool.MayHedge): a less healthy one,
+// flight, it starts only a candidate as healthy as the healthiest of
+// them was when the dial began (upstream.HedgeBar): a less healthy one,
 // such as an API server that fails /readyz but connects at once, would
 // win the race against a slow healthy one; it starts once the attempts
 // in flight failed (advanceLocked). The first attempt's key is c's own
@@ -527,12 +527,21 @@ func (c *conn) startOneLocked(now time.Time, end *dialEnd) {
 	d := c.dial
 	d.staggerAt = time.Time{}
 	for d.next < len(d.cands) {
-		if len(d.tries) > 0 && !c.p.pool.MayHedge(d.bar, d.cands[d.next]) {
-			return
+		if len(d.tries) > 0 {
+			var bar upstream.HedgeBar
+			for _, t := range d.tries {
+				bar = bar.Stricter(t.bar)
+			}
+			if !c.p.pool.MayHedge(bar, d.cands[d.next]) {
+				return
+			}
 		}
 		i := d.next
 		d.next++
 		t := loopTry{addr: d.cands[i], ap: d.addrs[i], fd: -1, start: now}
+		if i < len(d.bars) {
+			t.bar = d.bars[i]
+		}
 		fd, err := c.p.openTry(t.ap)
 		if err != nil {
 			c.tryFailedLocked(d, t, err, now, end)
@@ -668,7 +677,8 @@ func (c *conn) onDialEvent(id uint64, events uint32) {
 		d.tries = append(d.tries[:i], d.tries[i+1:]...)
 		c.closeTry(t)
 		c.tryFailedLocked(d, t, dialError(t.ap, os.NewSyscallError("connect", err)), now, &end)
-		// A failed attempt starts the next at once.
+		// A failed attempt starts the next at once, if it may hedge the
+		// attempts still in flight (startOneLocked).
 		c.advanceLocked(now, 1, &end)
 		c.mu.Unlock()
 		c.dialEnded(end)

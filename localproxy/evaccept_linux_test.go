@@ -91,10 +91,9 @@ func TestLoopDialHedgesOnlyWithAsHealthy(t *testing.T) {
 		Pool:         upstream.Config{Prober: pr, Rise: 1, Fall: 1, Interval: time.Hour},
 		StaggerDelay: 20 * time.Millisecond, AttemptTimeout: time.Second, DialTimeout: time.Minute,
 	})
-	require.Eventually(t, func() bool {
-		cands := r.Pool().Candidates()
-		return len(cands) == 3 && cands[2] == notReady.addr() && r.Pool().Usable(refused) && r.Pool().Usable(hung)
-	}, 10*time.Second, 5*time.Millisecond, "%+v", r.Pool().Status())
+	require.Eventually(t, statesAre(r, map[string]upstream.State{refused: upstream.StateHealthy, hung: upstream.StateHealthy, notReady.addr(): upstream.StateUnhealthy}),
+		10*time.Second, 5*time.Millisecond, "%+v", r.Pool().Status())
+	require.Equal(t, notReady.addr(), r.Pool().Candidates()[2])
 
 	c := dial(t, r.addr())
 	require.Eventually(t, func() bool { return r.LoopDialing() == 1 }, 10*time.Second, time.Millisecond)
@@ -105,6 +104,57 @@ func TestLoopDialHedgesOnlyWithAsHealthy(t *testing.T) {
 	c.Close()
 	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
 	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+}
+
+// Once the healthier attempts failed, the loop's race goes on among the
+// less healthy candidates with their own bar: an unhealthy candidate
+// starts beside an unhealthy attempt in flight (one whose SYNs are
+// dropped) at the stagger, instead of after the attempt's timeout, here
+// a minute.
+func TestLoopDialHedgeBarFollowsTheAttemptsInFlight(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := ln.Addr().String()
+	ln.Close()
+	hung := hungListener(t)
+	reachable := newEcho(t)
+	pr := newProber()
+	pr.set(hung, errors.New("i/o timeout"))
+	pr.set(reachable.addr(), errors.New("GET /readyz: 500"))
+	// The unhealthy two in this order: the hung one in this proxy's zone.
+	r := start(t, localproxy.Config{
+		Endpoints: []string{refused + "@a", hung + "@a", reachable.addr() + "@b"},
+		// Loopback counts as local, which ranks before zones: not here.
+		Pool:         upstream.Config{Zone: "a", IsLocal: func(string) bool { return false }, Prober: pr, Rise: 1, Fall: 1, Interval: time.Hour},
+		StaggerDelay: 20 * time.Millisecond, AttemptTimeout: time.Minute, DialTimeout: time.Minute,
+	})
+	require.Eventually(t, statesAre(r, map[string]upstream.State{refused: upstream.StateHealthy, hung: upstream.StateUnhealthy, reachable.addr(): upstream.StateUnhealthy}),
+		10*time.Second, 5*time.Millisecond, "%+v", r.Pool().Status())
+	require.Equal(t, []string{refused, hung, reachable.addr()}, r.Pool().Candidates())
+
+	c := dial(t, r.addr())
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	require.NoError(t, roundTrip(c, "beside the hung attempt"), "the reachable one waited for the hung attempt's timeout")
+	c.Close()
+	require.Eventually(t, func() bool { return r.Status().ActiveConnections == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Zero(t, r.LoopKeys(), "ids left with the poller")
+}
+
+// statesAre is a condition for require.Eventually: the pool of r has
+// the endpoints of want in their states.
+func statesAre(r *running, want map[string]upstream.State) func() bool {
+	return func() bool {
+		n := 0
+		for _, s := range r.Pool().Status() {
+			if w, ok := want[s.Addr]; ok {
+				if s.State != w {
+					return false
+				}
+				n++
+			}
+		}
+		return n == len(want)
+	}
 }
 
 // A dial whose candidates both hang ends at the attempts' timeout, or at

@@ -168,6 +168,7 @@ func (d *Dialer) track(addr string, nc net.Conn) *TrackedConn {
 }
 
 type dialResult struct {
+	i    int // the candidate's index
 	addr string
 	conn net.Conn
 	err  error
@@ -177,8 +178,9 @@ type dialResult struct {
 // candidates[0], starts the next candidate when an attempt fails, or when
 // none has connected after StaggerDelay, takes the first success and
 // closes the others. While attempts are in flight, only a candidate as
-// healthy as candidates[0] was at the start starts beside them
-// (upstream.Pool.HedgeBar); a less healthy one waits for their end. The returned connection is a
+// healthy as the healthiest of them was when the dial began starts
+// beside them (upstream.HedgeBar); a less healthy one waits for their
+// end. The returned connection is a
 // *tls.Conn over a *TrackedConn when TLSConfig is set, else a
 // *TrackedConn. On failure the error joins ErrUnreachable with every
 // attempt's error.
@@ -190,17 +192,29 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	results := make(chan dialResult, len(candidates))
-	bar := d.Pool.HedgeBar(candidates[0])
+	bars := d.Pool.HedgeBars(candidates)
+	running := make([]bool, len(candidates))
 	next, inflight := 0, 0
 	start := func() {
-		addr := candidates[next]
+		i, addr := next, candidates[next]
 		if d.Go != nil {
-			d.Go(func() { d.attempt(ctx, addr, results) })
+			d.Go(func() { d.attempt(ctx, i, addr, results) })
 		} else {
-			go d.attempt(ctx, addr, results)
+			go d.attempt(ctx, i, addr, results)
 		}
+		running[i] = true
 		next++
 		inflight++
+	}
+	// mayHedge: candidates[next] may start beside the attempts in flight.
+	mayHedge := func() bool {
+		var bar upstream.HedgeBar
+		for i, r := range running {
+			if r {
+				bar = bar.Stricter(bars[i])
+			}
+		}
+		return d.Pool.MayHedge(bar, candidates[next])
 	}
 	start()
 	stagger := time.NewTimer(d.staggerDelay())
@@ -211,6 +225,7 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 		select {
 		case r := <-results:
 			inflight--
+			running[r.i] = false
 			if r.err == nil {
 				if inflight > 0 {
 					cancel()
@@ -229,12 +244,12 @@ func (d *Dialer) DialAny(ctx context.Context, candidates []string) (net.Conn, st
 			errs = append(errs, fmt.Errorf("%s: %w", r.addr, r.err))
 			// With attempts still in flight, a candidate less healthy
 			// than the bar waits for their end, as at the stagger.
-			if next < len(candidates) && ctx.Err() == nil && (inflight == 0 || d.Pool.MayHedge(bar, candidates[next])) {
+			if next < len(candidates) && ctx.Err() == nil && (inflight == 0 || mayHedge()) {
 				start()
 				stagger.Reset(d.staggerDelay())
 			}
 		case <-stagger.C:
-			if next < len(candidates) && d.Pool.MayHedge(bar, candidates[next]) {
+			if next < len(candidates) && mayHedge() {
 				start()
 				stagger.Reset(d.staggerDelay())
 			}
@@ -254,13 +269,13 @@ func closeLosers(results <-chan dialResult, n int) {
 }
 
 // attempt dials one endpoint (and handshakes TLS) within AttemptTimeout.
-func (d *Dialer) attempt(ctx context.Context, addr string, results chan<- dialResult) {
+func (d *Dialer) attempt(ctx context.Context, i int, addr string, results chan<- dialResult) {
 	start := time.Now()
 	conn, err := d.DialEndpoint(ctx, addr)
 	if d.OnDial != nil {
 		d.OnDial(addr, time.Since(start), err)
 	}
-	results <- dialResult{addr: addr, conn: conn, err: err}
+	results <- dialResult{i: i, addr: addr, conn: conn, err: err}
 }
 
 // DialEndpoint connects to one endpoint within AttemptTimeout (and ctx),

@@ -76,3 +76,53 @@ func TestDialAnyHedgeBarOutlivesAFailure(t *testing.T) {
 	assert.Less(t, slices.Index(ends, hung), slices.Index(ends, notReady),
 		"the endpoint that is not ready started beside the healthy attempt, and won the race: %v", ends)
 }
+
+// Once the healthier attempts failed, the race goes on among the less
+// healthy candidates with their own bar: an unhealthy candidate starts
+// beside an unhealthy attempt in flight (here one whose SYNs are
+// dropped) at the stagger, instead of waiting for its timeout.
+func TestDialAnyHedgeBarFollowsTheAttemptsInFlight(t *testing.T) {
+	refused, hung := refusedAddr(t), testnet.HungListener(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	reachable := ln.Addr().String()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+
+	// The unhealthy two in this order: the hung one in this proxy's
+	// zone.
+	p, err := upstream.New(upstream.Config{Zone: "a", IsLocal: func(string) bool { return false }, Rise: 1, Fall: 1})
+	require.NoError(t, err)
+	require.NoError(t, p.Set(upstream.SourceStatic, []upstream.Spec{{Addr: refused, Zone: "a"}, {Addr: hung, Zone: "a"}, {Addr: reachable, Zone: "b"}}))
+	p.ReportSuccess(refused)
+	p.ReportFailure(hung, upstream.FailureDial, errors.New("i/o timeout"))
+	p.ReportFailure(reachable, upstream.FailureDial, errors.New("GET /readyz: 500"))
+	cands := p.Candidates()
+	require.Equal(t, []string{refused, hung, reachable}, cands)
+
+	var mu sync.Mutex
+	var ends []string
+	d := &endpoint.Dialer{Pool: p, StaggerDelay: 20 * time.Millisecond, AttemptTimeout: 10 * time.Second, Timeout: time.Minute,
+		OnDial: func(addr string, _ time.Duration, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			ends = append(ends, addr)
+		}}
+	conn, addr, err := d.DialAny(t.Context(), cands)
+	require.NoError(t, err)
+	conn.Close()
+	assert.Equal(t, reachable, addr)
+	mu.Lock()
+	defer mu.Unlock()
+	if i := slices.Index(ends, hung); i >= 0 {
+		assert.Greater(t, i, slices.Index(ends, reachable), "the reachable one waited for the hung attempt's timeout: %v", ends)
+	}
+}

@@ -86,16 +86,20 @@ func TestMayHedge(t *testing.T) {
 		{addrD, addrA, true}, {addrD, addrE, false}, {addrE, addrD, true}, {addrE, addrE, true},
 		{addrA, "192.0.2.9:6443", true}, {"192.0.2.9:6443", addrE, true},
 	} {
-		assert.Equal(t, tc.want, p.MayHedge(p.HedgeBar(tc.first), tc.next), "MayHedge(HedgeBar(%s), %s)", tc.first, tc.next)
+		assert.Equal(t, tc.want, p.MayHedge(p.HedgeBars([]string{tc.first})[0], tc.next), "MayHedge(HedgeBars(%s), %s)", tc.first, tc.next)
 	}
-	bar := p.HedgeBar(addrA)
+	bars := p.HedgeBars([]string{addrA, addrE})
 	p.ReportFailure(addrA, upstream.FailureDial, nil)
 	p.ReportFailure(addrA, upstream.FailureDial, nil)
 	p.ReportFailure(addrA, upstream.FailureDial, nil)
 	require.Equal(t, upstream.StateUnhealthy, stateOf(t, p, addrA))
-	assert.False(t, p.MayHedge(bar, addrE), "the first's failure does not lower the bar")
-	assert.True(t, p.MayHedge(bar, addrB))
-	assert.True(t, p.MayHedge(p.HedgeBar(addrA), addrE), "a race that begins with a server that is down")
+	assert.False(t, p.MayHedge(bars[0], addrE), "A's failure does not lower the bar of A's attempt")
+	assert.True(t, p.MayHedge(bars[0], addrB))
+	assert.True(t, p.MayHedge(bars[1], addrA), "E's attempt, E down when the race began")
+	assert.False(t, p.MayHedge(bars[0].Stricter(bars[1]), addrE), "with A's attempt in flight too")
+	assert.False(t, p.MayHedge(bars[1].Stricter(bars[0]), addrE))
+	assert.True(t, p.MayHedge(upstream.HedgeBar{}.Stricter(bars[1]), addrE), "the zero bar lets every endpoint hedge")
+	assert.True(t, p.MayHedge(upstream.HedgeBar{}, addrE))
 }
 
 func TestOrderSuspectBelowUnknown(t *testing.T) {

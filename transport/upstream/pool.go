@@ -796,11 +796,12 @@ func (p *Pool) Has(addr string) bool {
 
 // HedgeBar is how healthy an endpoint must be for a connection race to
 // start it while earlier attempts still run (a staggered start, which
-// hedges against a slow first candidate): as healthy as the race's first
-// candidate was when the race began (Pool.HedgeBar). A failed attempt
-// lowers its endpoint's health at once; the bar stays where it was, so
-// that the failure of the first candidate does not let a less healthy
-// endpoint hedge the healthy attempts still running.
+// hedges against a slow attempt, or the next candidate after a failed
+// one): as healthy as the healthiest attempt in flight was when the race
+// began (Pool.HedgeBars, HedgeBar.Stricter). A failed attempt lowers its
+// endpoint's health at once; the bars stay where they were, so that the
+// failure of one attempt does not let a less healthy endpoint hedge a
+// healthier attempt still running.
 //
 // The zero HedgeBar lets every endpoint hedge.
 type HedgeBar struct {
@@ -808,24 +809,35 @@ type HedgeBar struct {
 	class int // the highest health class allowed (healthClass)
 }
 
-// HedgeBar returns the bar of a connection race that begins with first:
-// first's health now; any endpoint if first is not in the pool.
-func (p *Pool) HedgeBar(first string) HedgeBar {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e, ok := p.eps[first]
-	if !ok {
-		return HedgeBar{}
+// Stricter returns the stricter of b and o: the bar fewer endpoints meet.
+func (b HedgeBar) Stricter(o HedgeBar) HedgeBar {
+	if !b.set || (o.set && o.class < b.class) {
+		return o
 	}
-	return HedgeBar{set: true, class: healthClass(e)}
+	return b
 }
 
-// MayHedge reports whether a connection race with bar may start next
-// while its earlier attempts still run: next is as healthy as the race's
-// first candidate was (HedgeBar). A less healthy one, such as an API
-// server that fails /readyz but handshakes quickly, would win every race
-// against a slow healthy first candidate and serve its requests; it is
-// tried once the attempts before it failed. Next unknown to the pool:
+// HedgeBars returns the bar each of candidates sets while its attempt is
+// in flight, for a race that begins now: its health now; any endpoint for
+// one not in the pool.
+func (p *Pool) HedgeBars(candidates []string) []HedgeBar {
+	bars := make([]HedgeBar, len(candidates))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, addr := range candidates {
+		if e, ok := p.eps[addr]; ok {
+			bars[i] = HedgeBar{set: true, class: healthClass(e)}
+		}
+	}
+	return bars
+}
+
+// MayHedge reports whether a connection race may start next while
+// attempts whose stricter bar is bar still run: next is as healthy as
+// the healthiest of them was (HedgeBar). A less healthy one, such as an
+// API server that fails /readyz but handshakes quickly, would win every
+// race against a slow healthy attempt and serve its requests; it is
+// tried once the healthier attempts failed. Next unknown to the pool:
 // true.
 func (p *Pool) MayHedge(bar HedgeBar, next string) bool {
 	p.mu.Lock()
