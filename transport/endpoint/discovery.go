@@ -144,18 +144,23 @@ func (d *Discoverer) Run(ctx context.Context) {
 
 // healthyWatch is how long an EndpointSlice watch must last for
 // discovery to count it as working: its end, or its error, then waits
-// the shortest backoff again. A watch that ends sooner without an error
-// (a server, or something between, that closes watches at once) is an
-// error (errShortWatch): the next list waits its backoff, where watching
-// again at once would loop as fast as the watches end.
-const healthyWatch = 10 * time.Second
+// the shortest backoff again. A watch that ends without an error before
+// shortWatch (a server, or something between, that closes watches at
+// once) is an error (errShortWatch): the next list waits its backoff,
+// where watching again at once would loop as fast as the watches end. A
+// client whose rest.Config.Timeout ends every watch after a few seconds
+// watches again at once, as before.
+const (
+	healthyWatch = 10 * time.Second
+	shortWatch   = time.Second
+)
 
 // errShortWatch is a watch that ended, without an error, before
-// healthyWatch.
+// shortWatch.
 var errShortWatch = errors.New("the watch ended at once")
 
 // watchSlices lists the slices and follows watches from there until one
-// fails, or ends without an error before healthyWatch (errShortWatch),
+// fails, or ends without an error before shortWatch (errShortWatch),
 // or ctx is done. It calls listed after a successful list, and healthy
 // after each watch that lasted healthyWatch. A 410 Gone leads to a fresh
 // list.
@@ -187,7 +192,7 @@ func (d *Discoverer) watchSlices(ctx context.Context, listed, healthy func()) er
 		switch {
 		case err != nil:
 			return err
-		case lasted < healthyWatch && ctx.Err() == nil:
+		case lasted < shortWatch && ctx.Err() == nil:
 			return fmt.Errorf("EndpointSlice watch: %w after %s", errShortWatch, lasted.Round(time.Millisecond))
 		}
 	}
