@@ -304,7 +304,7 @@ type Config struct {
 	// new connections go) must have been healthy without a break before
 	// client connections to endpoints it outranks — by locality (local,
 	// same zone), static last resort or RTT tier (upstream.Pool.Outranks),
-	// never between equals — are moved back to it: closed one at a time,
+	// never between equals, or being down — are moved back to it: closed one at a time,
 	// oldest first (see FailbackRate), so that kubelet and the node's
 	// watches reconnect to it. A flap (down and up again) starts the wait
 	// over; fail-back stops as soon as that endpoint is not healthy.
@@ -486,8 +486,9 @@ func (p *Proxy) Prober() *endpoint.Prober { return p.cfg.prober }
 
 // checkListenAddresses refuses a ListenAddresses entry that is not
 // host:port, and an address given twice (after IP spelling, IPv4-mapped
-// IPv6 as the IPv4 address net.Listen binds, host name case and a
-// trailing dot, port spelling): the proxy's listeners use SO_REUSEPORT,
+// IPv6 as the IPv4 address net.Listen binds, the wildcard 0.0.0.0, :: or
+// none as the one dual-stack socket net.Listen binds for each, host name
+// case and a trailing dot, port spelling): the proxy's listeners use SO_REUSEPORT,
 // so the second would bind beside the first, split its clients, and be
 // taken by a hand-over for a successor. Port 0 (any free port) may
 // repeat: each entry gets its own port.
@@ -506,6 +507,11 @@ func checkListenAddresses(addrs []string) error {
 		}
 		if ip, err := netip.ParseAddr(host); err == nil {
 			host = ip.Unmap().String()
+			if ip.IsUnspecified() {
+				host = "::" // Go listens on 0.0.0.0 as on ::, dual-stack
+			}
+		} else if host == "" {
+			host = "::"
 		} else {
 			host = strings.ToLower(strings.TrimSuffix(host, "."))
 		}

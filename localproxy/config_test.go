@@ -100,6 +100,9 @@ func TestConfigRefusesDuplicates(t *testing.T) {
 		{name: "listen IPv4-mapped", listen: []string{"127.0.0.1:7445", "[::ffff:127.0.0.1]:7445"}, want: `"[::ffff:127.0.0.1]:7445" is the same address, 127.0.0.1:7445`},
 		{name: "listen port spelling", listen: []string{"localhost:7445", "LOCALHOST.:07445"}, want: `as "localhost:7445" before it`},
 		{name: "listen not host:port", listen: []string{"127.0.0.1"}, want: `ListenAddresses: "127.0.0.1": want host:port`},
+		// Go binds one dual-stack socket on :: for each.
+		{name: "wildcard twice", listen: []string{"0.0.0.0:7445", "[::]:7445"}, want: `"[::]:7445" is the same address, [::]:7445, as "0.0.0.0:7445"`},
+		{name: "wildcard without a host", listen: []string{"[::]:7445", ":7445"}, want: `":7445" is the same address`},
 		{name: "listen port 0 twice", listen: []string{"127.0.0.1:0", "127.0.0.1:0"}},
 		{name: "listen other ports", listen: []string{"127.0.0.1:7445", "127.0.0.1:7447"}},
 	} {

@@ -256,12 +256,17 @@ func (b *builder) listeners() listeners {
 			continue
 		}
 		// SO_REUSEPORT would let a second listener bind it, which the
-		// hand-over takes for a successor.
-		if f, dup := first[ip]; dup {
-			b.reject("bind-address", a, fmt.Sprintf("the same address, %s, as %q before it; want each address once (two listeners on one address split its clients, and confuse the hand-over to a new localproxy)", ip, f))
+		// hand-over takes for a successor. Go listens on 0.0.0.0 as on
+		// ::, one dual-stack socket.
+		key := ip
+		if ip.IsUnspecified() {
+			key = netip.IPv6Unspecified()
+		}
+		if f, dup := first[key]; dup {
+			b.reject("bind-address", a, fmt.Sprintf("the same address, %s, as %q before it; want each address once (two listeners on one address split its clients, and confuse the hand-over to a new localproxy; Go listens on 0.0.0.0 as on ::, for IPv4 and IPv6)", key, f))
 			continue
 		}
-		first[ip] = a
+		first[key] = a
 		l.binds = append(l.binds, ip)
 		l.addrs = append(l.addrs, net.JoinHostPort(ip.String(), strconv.Itoa(b.bindPort)))
 	}

@@ -136,6 +136,8 @@ func TestValidation(t *testing.T) {
 			`invalid --endpoints="127.0.0.2:9000": this proxy accepts clients on 0.0.0.0:9000 (--bind-address, --bind-port)`}},
 		{"IPv4 loopback endpoint on an IPv6 wildcard listener, which takes IPv4 too", []string{"--endpoints=127.0.0.1:9000", "--probe=tcp", "--bind-address=::", "--bind-port=9000"}, nil, []string{
 			`invalid --endpoints="127.0.0.1:9000": this proxy accepts clients on [::]:9000`}},
+		{"wildcard bind address twice", []string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--bind-address=0.0.0.0,::"}, nil, []string{
+			`invalid --bind-address="::": the same address, ::, as "0.0.0.0" before it`}},
 		{"localhost endpoint on the proxy's port", []string{"--endpoints=LOCALHOST:7445", "--probe=tcp"}, nil, []string{
 			`invalid --endpoints="LOCALHOST:7445": this proxy accepts clients on 127.0.0.1:7445`}},
 		{"bind port too big", append(ok, "--bind-port=70000"), nil, []string{"--bind-port=70000", "1-65535"}},
@@ -519,7 +521,8 @@ func TestValidConfigs(t *testing.T) {
 		require.NoError(t, err, "another port, or another loopback address than the proxy's")
 		assert.Equal(t, []string{"127.0.0.1:6443", "127.0.0.2:7445", "[::1]:7445", "localhost:6443"}, cfg.Endpoints)
 		_, err = main.ParseConfig([]string{"--endpoints=[::1]:7445", "--probe=tcp", "--bind-address=0.0.0.0"}, env())
-		require.NoError(t, err, "0.0.0.0 takes no IPv6 connection")
+		require.Error(t, err, "Go listens on 0.0.0.0 as on ::, dual-stack: [::1]:7445 is the proxy")
+		assert.Contains(t, err.Error(), `invalid --endpoints="[::1]:7445": this proxy accepts clients on 0.0.0.0:7445`)
 	})
 	t.Run("same port on different addresses", func(t *testing.T) {
 		_, err := main.ParseConfig([]string{"--endpoints=10.0.0.1:6443", "--probe=tcp", "--health-bind-address=127.0.0.2", "--health-port=7445"}, env())

@@ -18,8 +18,8 @@ var localhost = []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopbac
 // sent on again. An endpoint is one when it is on --bind-port and its IP
 // address (an IP address, or localhost) is a bind address, or an address
 // of this host a wildcard bind address takes (a loopback address, or one
-// of the host's interfaces at start): 0.0.0.0 those of IPv4, :: both (Go's
-// listeners on :: are dual-stack). Other names are not resolved.
+// of the host's interfaces at start), IPv4 and IPv6 alike: Go listens on
+// 0.0.0.0 as on ::, one dual-stack socket. Other names are not resolved.
 func (b *builder) selfEndpoints(eps []staticEndpoint, l listeners) {
 	if !l.bindOK {
 		return
@@ -56,9 +56,6 @@ func takenBy(binds, ips []netip.Addr, ownAddrs func() []netip.Addr) int {
 			continue
 		}
 		for _, ip := range ips {
-			if bind.Is4() && !ip.Is4() {
-				continue // 0.0.0.0 takes no IPv6 connection
-			}
 			if ip.IsLoopback() || ip.IsUnspecified() { // a connection to 0.0.0.0 or :: is one to this host
 				return i
 			}
