@@ -280,9 +280,11 @@ func (l *capListener) connState(c net.Conn, s http.ConnState) {
 	case http.StateActive:
 		cc.busy.Store(true)
 		// Within healthBackToBackGap of the last answer: back to back
-		// with it. The first request counts from the accept.
+		// with it. The first request starts a run of one.
 		if cc.served.Load() && monotime.Now()-cc.since.Load() < int64(healthBackToBackGap) {
-			cc.backToBack.Add(1)
+			if cc.backToBack.Load() < 1<<30 {
+				cc.backToBack.Add(1)
+			}
 		} else {
 			cc.backToBack.Store(1)
 		}
