@@ -86,7 +86,7 @@ func (b *builder) stateFile(probe *endpoint.ProbeConfig) (string, []byte) {
 			b.input("state-file", b.options.stateFile), envName("ca-file")))
 		return "", nil
 	}
-	pemBytes, err := readCA(caFile)
+	pemBytes, err := b.readCA(caFile)
 	if err != nil {
 		if caFile != b.caFile { // a bad --ca-file is reported by probeTLS
 			b.add(usagef("invalid %s: the state file is bound to the cluster by its CA, and the in-cluster service account's, %s, is no CA bundle (%v); set --ca-file (or %s)",
@@ -175,6 +175,39 @@ func (b *builder) liveness(cfg *localproxy.Config) {
 type builder struct {
 	*options
 	errs []error
+	// cas are the CA files read (readCA), by path: each is read once.
+	cas map[string]caRead
+}
+
+// caRead is a CA file's bundle, or why it is none.
+type caRead struct {
+	pem []byte
+	err error
+}
+
+// readCA is readCA of path, read once per builder: probeTLS checks
+// --ca-file (or the service account's CA), and stateFile binds the state
+// file to the same bundle.
+func (b *builder) readCA(path string) ([]byte, error) {
+	if r, ok := b.cas[path]; ok {
+		return r.pem, r.err
+	}
+	pem, err := readCA(path)
+	if b.cas == nil {
+		b.cas = make(map[string]caRead)
+	}
+	b.cas[path] = caRead{pem, err}
+	return pem, err
+}
+
+// checkCA checks that path, if set, is a readable PEM file with a CA
+// certificate (readCA).
+func (b *builder) checkCA(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, err := b.readCA(path)
+	return err
 }
 
 func (b *builder) add(err error) { b.errs = append(b.errs, err) }
@@ -398,7 +431,7 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	if b.probeIdleReadyz < 0 {
 		b.reject("probe-idle-readyz-interval", b.probeIdleReadyz, "want a positive duration (0: 3 × --probe-readyz-interval)")
 	}
-	caErr := checkCA(b.caFile)
+	caErr := b.checkCA(b.caFile)
 	if caErr != nil {
 		b.reject("ca-file", b.caFile, caErr.Error())
 	}
@@ -413,7 +446,7 @@ func (b *builder) probeTLS(mode endpoint.ProbeMode, modeOK bool, serverName stri
 	caFile := b.caFile // checked above
 	if caFile == "" && fileExists(serviceAccountCA) {
 		caFile = serviceAccountCA
-		if err := checkCA(caFile); err != nil {
+		if err := b.checkCA(caFile); err != nil {
 			b.reject("ca-file", b.caFile, err.Error())
 			return nil
 		}
@@ -635,17 +668,8 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// checkCA checks that path is a readable PEM file with a CA certificate,
-// for the messages of --ca-file.
-func checkCA(path string) error {
-	if path == "" {
-		return nil
-	}
-	_, err := readCA(path)
-	return err
-}
-
-// readCA returns the PEM bundle of path, checked as checkCA does.
+// readCA returns the PEM bundle of path, a readable PEM file with at
+// least one CA certificate; the error is for the messages of --ca-file.
 func readCA(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
