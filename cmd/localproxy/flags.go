@@ -252,13 +252,14 @@ func (o *options) checkIgnored(f *flag.Flag, env, v string) error {
 	if rerr := f.Value.Set(given); rerr != nil {
 		return fmt.Errorf("restoring --%s=%q after checking %s: %w", f.Name, given, env, rerr)
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return envError(err, env, f.Name, v)
 	}
-	if r, ok := intRanges[f.Name]; ok {
-		if n, perr := strconv.Atoi(got); perr == nil && !r.contains(n) {
-			return usagef("invalid %s: want %s", input(env, f.Name, n), r)
+	if _, ok := intRanges[f.Name]; ok {
+		if n, perr := strconv.Atoi(got); perr == nil {
+			if err := intRangeError(env, f.Name, n); err != nil {
+				return err
+			}
 		}
 	}
 	if got == given {
@@ -362,8 +363,14 @@ func (o *options) bad(name string, value any, allowed string) error {
 
 // checkInt reports an int flag outside its range in intRanges.
 func (o *options) checkInt(name string, n int) error {
+	return intRangeError(o.src(name), name, n)
+}
+
+// intRangeError reports value n of int flag name, from src (the flag or
+// its variable), outside its range in intRanges.
+func intRangeError(src, name string, n int) error {
 	if r := intRanges[name]; !r.contains(n) {
-		return o.bad(name, n, "want "+r.String())
+		return usagef("invalid %s: want %s", input(src, name, n), r)
 	}
 	return nil
 }
