@@ -205,10 +205,7 @@ func (l *capListener) Close() error {
 func (l *capListener) makeRoom() bool {
 	deadline := time.Now().Add(l.unreadWait)
 	for {
-		victim, busy, unread := l.oldestWithoutRequest()
-		if victim == nil {
-			victim = busy
-		}
+		victim, unread := l.victim()
 		if victim != nil {
 			victim.Close() // gives its slot back
 			l.evicted.Inc()
@@ -225,17 +222,16 @@ func (l *capListener) makeRoom() bool {
 	}
 }
 
-// oldestWithoutRequest returns the open connection without a request in
-// progress that the server waits in a Read on whose state is oldest, nil
-// if there is none; the connection serving a request that may give its
-// slot (capListener: the one whose answer's write has been blocked
-// longest, over healthStalledWrite, else the one with the longest run of
-// requests back to back, healthBackToBack or more), nil if none; and
-// whether some connection without a request in progress is one the
-// server has not got to (not read from yet, parsing what it read, or
-// with the client's bytes queued for a Read whose goroutine has not run
-// yet).
-func (l *capListener) oldestWithoutRequest() (victim, busy *cappedConn, unread bool) {
+// victim returns the open connection that gives its slot to a new one
+// (capListener): the one without a request in progress that the server
+// waits in a Read on whose state is oldest; else, among those serving a
+// request, the one whose answer's write has been blocked longest, over
+// healthStalledWrite, else the one with the longest run of requests back
+// to back, healthBackToBack or more; nil if none. unread: some connection
+// without a request in progress is one the server has not got to (not
+// read from yet, parsing what it read, or with the client's bytes queued
+// for a Read whose goroutine has not run yet).
+func (l *capListener) victim() (victim *cappedConn, unread bool) {
 	stalledBefore := monotime.Now() - int64(healthStalledWrite)
 	var stalled, asker *cappedConn
 	l.mu.Lock()
@@ -261,11 +257,14 @@ func (l *capListener) oldestWithoutRequest() (victim, busy *cappedConn, unread b
 			victim = c
 		}
 	}
-	busy = stalled
-	if busy == nil {
-		busy = asker
+	switch {
+	case victim != nil:
+	case stalled != nil:
+		victim = stalled
+	default:
+		victim = asker
 	}
-	return victim, busy, unread
+	return victim, unread
 }
 
 // connState is the health server's http.Server.ConnState: a connection
