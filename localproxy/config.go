@@ -506,10 +506,7 @@ func checkListenAddresses(addrs []string) error {
 			port = strconv.FormatUint(n, 10)
 		}
 		if ip, err := netip.ParseAddr(host); err == nil {
-			host = ip.Unmap().String()
-			if ip.IsUnspecified() {
-				host = "::" // Go listens on 0.0.0.0 as on ::, dual-stack
-			}
+			host = ListenIP(ip).String()
 		} else if host == "" {
 			host = "::"
 		} else {
@@ -522,4 +519,14 @@ func checkListenAddresses(addrs []string) error {
 		first[key] = a
 	}
 	return nil
+}
+
+// ListenIP is the address net.Listen("tcp", ...) binds for ip: an
+// IPv4-mapped one as the IPv4 address, a wildcard, 0.0.0.0 or ::, as ::,
+// one dual-stack socket for IPv4 and IPv6 alike.
+func ListenIP(ip netip.Addr) netip.Addr {
+	if ip.IsUnspecified() {
+		return netip.IPv6Unspecified()
+	}
+	return ip.Unmap()
 }

@@ -289,12 +289,8 @@ func (b *builder) listeners() listeners {
 			continue
 		}
 		// SO_REUSEPORT would let a second listener bind it, which the
-		// hand-over takes for a successor. Go listens on 0.0.0.0 as on
-		// ::, one dual-stack socket.
-		key := ip
-		if ip.IsUnspecified() {
-			key = netip.IPv6Unspecified()
-		}
+		// hand-over takes for a successor.
+		key := localproxy.ListenIP(ip)
 		if f, dup := first[key]; dup {
 			b.reject("bind-address", a, fmt.Sprintf("the same address, %s, as %q before it; want each address once (two listeners on one address split its clients, and confuse the hand-over to a new localproxy; Go listens on 0.0.0.0 as on ::, for IPv4 and IPv6)", key, f))
 			continue
