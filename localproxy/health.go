@@ -101,11 +101,27 @@ func (p *Proxy) Status() Status {
 
 func (p *Proxy) isReady() bool { return !p.stopping.Load() && p.pool.Healthy() }
 
-// live reports whether every accept loop runs and accepts (or has failed
-// for less than acceptStuckAfter) and the pool's probe loop ran recently
-// (started a round or a probe: a round with nothing due, every endpoint
-// quarantined and waiting for its re-probe, counts); the error says what
-// is wrong.
+// errNotRunning is Live's error before the proxy listens.
+var errNotRunning = errors.New("not running yet: the listeners are not bound")
+
+// Live reports what /healthz does: nil while every accept loop runs and
+// accepts (or has failed for less than acceptStuckAfter) and the pool's
+// probe loop ran recently (started a round or a probe: a round with
+// nothing due, every endpoint quarantined and waiting for its re-probe,
+// counts); otherwise an error that says what is wrong. Before Ready it
+// reports that the proxy does not run yet. Whether an API server is
+// healthy does not count: a proxy restarted for that would fail the
+// same way, and its clients would lose their connections.
+func (p *Proxy) Live() error {
+	select {
+	case <-p.ready:
+	default:
+		return errNotRunning
+	}
+	return p.live(p.runAt)
+}
+
+// live is Live once the proxy runs.
 func (p *Proxy) live(startedAt time.Time) error {
 	if n, want := int(p.accepting.Load()), len(p.cfg.ListenAddresses); n < want && !p.stopping.Load() {
 		return fmt.Errorf("%d of %d accept loops running", n, want)
@@ -203,10 +219,9 @@ func livenessThreshold(pc upstream.Config, threshold time.Duration) (every, stal
 // newHealthServer serves /healthz, /readyz, /metrics and /status, GET and
 // HEAD only, with the timeouts and sizes of healthcap.go.
 func (p *Proxy) newHealthServer() *http.Server {
-	startedAt := time.Now()
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if err := p.live(startedAt); err != nil {
+		if err := p.live(p.runAt); err != nil {
 			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

@@ -313,13 +313,27 @@ func TestHealthzFailsWhenProbesStop(t *testing.T) {
 	require.Eventually(t, func() bool { return pr.calls.Load() > 0 }, 10*time.Second, 5*time.Millisecond)
 	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
 
+	// Live, what systemd's watchdog is fed by, says the same.
+	assert.NoError(t, r.Live())
+
 	pr.stall()
 	require.Eventually(t, hz.is(http.StatusServiceUnavailable, "unhealthy: no health probe for"),
 		10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
 	assert.Contains(t, hz.String(), "(expected every "+interval.String()+"; liveness threshold 170ms)")
+	if err := r.Live(); assert.Error(t, err) {
+		assert.Contains(t, err.Error(), "no health probe for")
+	}
 
 	pr.release()
 	require.Eventually(t, hz.is(http.StatusOK, "ok"), 10*time.Second, 5*time.Millisecond, "last /healthz: %v", hz)
+	assert.NoError(t, r.Live())
+}
+
+// Live fails until Run has bound the listeners.
+func TestLiveBeforeRun(t *testing.T) {
+	p, err := localproxy.New(localproxy.Config{Endpoints: []string{"127.0.0.1:1"}, ListenAddresses: []string{"127.0.0.1:0"}})
+	require.NoError(t, err)
+	assert.EqualError(t, p.Live(), "not running yet: the listeners are not bound")
 }
 
 // A pool whose endpoints are all healthy and quiet probes every

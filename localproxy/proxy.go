@@ -84,7 +84,10 @@ type Proxy struct {
 	// bytesIn and bytesOut count the bytes copied each way.
 	bytesIn, bytesOut prometheus.Counter
 
-	ready   chan struct{} // closed once the listeners are bound
+	ready chan struct{} // closed once the listeners are bound
+	// runAt is when Run began: the probe loop's age counts from it until
+	// its first probe (Live). Set before ready is closed.
+	runAt   time.Time
 	started atomic.Bool
 	// accepting counts running accept loops; /healthz wants all of them.
 	accepting atomic.Int32
@@ -209,6 +212,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if !p.started.CompareAndSwap(false, true) {
 		return errors.New("localproxy: Run called twice")
 	}
+	p.runAt = time.Now()
 	lns, hln, err := p.bind(ctx)
 	if err != nil {
 		return err
