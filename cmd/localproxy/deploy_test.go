@@ -248,7 +248,8 @@ func mountedStateFile(t *testing.T, args []string) []string {
 func TestSystemdUnitAndContainerfile(t *testing.T) {
 	unit, err := os.ReadFile(filepath.Join("deploy", "localproxy.service"))
 	require.NoError(t, err)
-	for _, want := range []string{"[Unit]", "[Service]", "[Install]", "ExecStart=/usr/local/bin/localproxy", "Before=kubelet.service", "DynamicUser=yes", "StateDirectory=apifailover", "Restart=always"} {
+	for _, want := range []string{"[Unit]", "[Service]", "[Install]", "ExecStart=/usr/local/bin/localproxy", "Before=kubelet.service", "DynamicUser=yes", "StateDirectory=apifailover", "Restart=always",
+		"Type=notify\n", "NotifyAccess=main\n", "WatchdogSec=30s\n"} {
 		assert.Contains(t, string(unit), want)
 	}
 	// The address families the sandbox leaves: IP, the socket

@@ -134,6 +134,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		go func() { defer close(done); e.run(ctx) }()
 		defer func() { cancel(); <-done }()
 	}
+	sd, err := newSDNotifier(getenv, os.Getpid())
+	if err != nil {
+		printErrors(stderr, "localproxy", err)
+		return exitUsage
+	}
+	if sd != nil {
+		defer sd.close()
+		log.Info("notifying systemd", "watchdog", sd.watchdog)
+		// Ends with Run too, should it fail before the signal.
+		sdCtx, stopSD := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); sd.run(sdCtx, p, log.WithName("systemd")) }()
+		defer func() { stopSD(); <-done }()
+	}
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "localproxy failed")
 		return exitError

@@ -890,3 +890,65 @@ current-context: c
 		})
 	}
 }
+
+// Under systemd (Type=notify, WatchdogSec=): READY=1 once the proxy
+// accepts, WATCHDOG=1 while it runs, STOPPING=1 as it shuts down.
+func TestRunNotifiesSystemd(t *testing.T) {
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer up.Close()
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	sock := filepath.Join(t.TempDir(), "notify")
+	sd, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	require.NoError(t, err)
+	defer sd.Close()
+	port := freePort(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int, 1)
+	var logs syncBuffer
+	go func() {
+		done <- main.Run(ctx, []string{"--endpoints=" + up.Addr().String(), "--probe=tcp", "--rise=1",
+			"--bind-port=" + strconv.Itoa(port), "--health-port=" + strconv.Itoa(freePort(t))}, env("NOTIFY_SOCKET", sock, "WATCHDOG_USEC", "400000"), io.Discard, &logs)
+	}()
+	read := func() string {
+		sd.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 4096)
+		n, err := sd.Read(buf)
+		require.NoError(t, err, "logs:\n%s", logs.String())
+		return string(buf[:n])
+	}
+	ready := read()
+	assert.True(t, strings.HasPrefix(ready, "READY=1\nSTATUS="), "%q", ready)
+	assert.Contains(t, ready, "API servers healthy")
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	require.NoError(t, err, "READY=1 came before the proxy listened")
+	c.Close()
+	assert.True(t, strings.HasPrefix(read(), "WATCHDOG=1"))
+	cancel()
+	for {
+		m := read()
+		if strings.HasPrefix(m, "STOPPING=1") {
+			break
+		}
+		assert.True(t, strings.HasPrefix(m, "WATCHDOG=1"), "%q", m)
+	}
+	select {
+	case code := <-done:
+		assert.Equal(t, main.ExitOK, code)
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return")
+	}
+
+	var stderr bytes.Buffer
+	code := main.Run(t.Context(), []string{"--endpoints=" + up.Addr().String(), "--probe=tcp", "--bind-port=" + strconv.Itoa(port)}, env("NOTIFY_SOCKET", "notify"), io.Discard, &stderr)
+	assert.Equal(t, main.ExitUsage, code)
+	assert.Contains(t, stderr.String(), `localproxy: NOTIFY_SOCKET="notify": want the path of a Unix datagram socket`)
+}
