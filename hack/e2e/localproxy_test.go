@@ -40,6 +40,7 @@ func TestLocalProxy(t *testing.T) {
 	t.Run("handover-reuseport", func(t *testing.T) { testHandoverReusePort(t, ctx, bed) })
 	t.Run("handover-socket-activation", func(t *testing.T) { testHandoverSocketActivation(t, ctx, bed) })
 	t.Run("handover-static-pod-in-place", func(t *testing.T) { testStaticPodInPlace(t, ctx, bed) })
+	t.Run("systemd", func(t *testing.T) { testSystemd(t, ctx, bed) })
 }
 
 // kubectlAt runs the bed's kubectl with kubeconfig, bounded by 20 s.

@@ -11,6 +11,8 @@
 #   haproxy      HAProxy (Debian 12: 2.6): the external load balancer whose
 #                backends localproxy's export rewrites in the e2e suite, and
 #                a peer of the benchmark
+#   systemd      the e2e suite runs the shipped units under a systemd of its
+#                own (PID 1 of private PID and mount namespaces)
 #
 # With --bench it also installs the other peer of the benchmark in hack/bench,
 # the localhost load balancers kubespray puts on worker nodes:
@@ -47,6 +49,8 @@ declare -A want=(
   [flock]=util-linux
   [nsenter]=util-linux
   [haproxy]=haproxy
+  [systemctl]=systemd
+  [journalctl]=systemd
 )
 if [[ ${bench} -eq 1 ]]; then
   want[nginx]=nginx

@@ -1,0 +1,316 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apifailover/apifailover/hack/testbed"
+)
+
+// The shipped units, as an operator installs them (README: systemd).
+const (
+	sdService = "apifailover-localproxy.service"
+	sdSocket  = "apifailover-localproxy.socket"
+	// sdWatchdog is the test's WatchdogSec (a drop-in), so that the
+	// watchdog's restart comes within seconds; the unit's is 30s.
+	sdWatchdog = 3 * time.Second
+)
+
+// systemdNS is a real systemd, PID 1 of its own PID and mount namespaces
+// and sharing the test's network namespace (the bed's API servers, and
+// 127.0.0.1:7445 as kubelet would see it). It sees no unit of this
+// machine: its unit directories are empty but for the shipped units,
+// the targets they order against, and journald; the directories it or
+// the service write to are its own (tmpfs), so that nothing it runs (a
+// tmpfiles clean-up of /tmp, say) reaches the machine.
+type systemdNS struct {
+	t       *testing.T
+	unshare *exec.Cmd
+	pid     int // systemd's, as this test sees it
+	dir     string
+}
+
+// sdSupportUnits are the units of this machine the namespace's systemd
+// gets besides the shipped ones: journald, which keeps the service's
+// log.
+var sdSupportUnits = []string{"systemd-journald.service", "systemd-journald.socket", "systemd-journald-dev-log.socket"}
+
+// sdTargets are the targets the shipped units order against (their
+// default dependencies, network-online.target), empty.
+var sdTargets = []string{"apifailover-e2e.target", "sysinit.target", "basic.target", "sockets.target", "shutdown.target", "network-online.target", "multi-user.target"}
+
+// sdBoot is PID 1's script until it execs systemd: private mounts over
+// every directory systemd or the service could change, the units, the
+// binary, its settings and the cluster's CA where the README puts them.
+const sdBoot = `set -euo pipefail
+d=$1
+mount --make-rprivate /
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /run/systemd/system /run/apifailover-e2e
+cp -r "$d"/units/. /run/systemd/system/
+install -m 0644 "$d"/ca.crt /run/apifailover-e2e/ca.crt
+install -m 0755 "$d"/localproxy /run/apifailover-e2e/localproxy
+install -m 0644 "$d"/env /run/apifailover-e2e/env
+# $d is under /tmp: hidden from here on.
+for m in /tmp /var/tmp /var/lib /var/log /var/cache /etc/systemd/system /usr/lib/systemd/system \
+	/usr/lib/systemd/system-generators /etc/systemd/system-generators /usr/local/bin /etc/default; do
+	[ -d "$m" ] || continue
+	mount -t tmpfs -o mode=0755 tmpfs "$m"
+done
+mv /run/apifailover-e2e/localproxy /usr/local/bin/localproxy
+mv /run/apifailover-e2e/env /etc/default/apifailover-localproxy
+exec /usr/lib/systemd/systemd --system --unit=apifailover-e2e.target --log-target=journal-or-kmsg
+`
+
+// bootSystemd starts systemd with the shipped units in dir (bin the
+// localproxy binary, settings for the bed's API servers) and waits until
+// it runs.
+func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin string) *systemdNS {
+	t.Helper()
+	for _, p := range []string{"/usr/lib/systemd/systemd", "/usr/bin/systemctl", "/usr/bin/journalctl"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("systemd is needed (hack/tools/ensure-deps.sh installs it): %v", err)
+		}
+	}
+	units := filepath.Join(dir, "units")
+	dropIn := filepath.Join(units, sdService+".d")
+	must(t, os.MkdirAll(dropIn, 0o755))
+	root, err := testbed.RepoRoot()
+	must(t, err)
+	for src, dst := range map[string]string{"localproxy.service": sdService, "localproxy.socket": sdSocket} {
+		copyFile(t, filepath.Join(root, "cmd", "localproxy", "deploy", src), filepath.Join(units, dst))
+	}
+	for _, u := range sdSupportUnits {
+		copyFile(t, filepath.Join("/usr/lib/systemd/system", u), filepath.Join(units, u))
+	}
+	for _, u := range sdTargets {
+		body := "[Unit]\nDescription=e2e stand-in for " + u + "\n"
+		if u == "apifailover-e2e.target" { // what systemd starts at boot
+			body += "Wants=systemd-journald.socket systemd-journald-dev-log.socket\n"
+		}
+		must(t, os.WriteFile(filepath.Join(units, u), []byte(body), 0o644))
+	}
+	must(t, os.WriteFile(filepath.Join(dropIn, "e2e.conf"), []byte(fmt.Sprintf("[Service]\nWatchdogSec=%v\n", sdWatchdog.Seconds())), 0o644))
+	var eps []string
+	for _, s := range bed.APIServers() {
+		eps = append(eps, s.Addr())
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "env"), []byte(strings.Join([]string{
+		"LOCALPROXY_ENDPOINTS=" + strings.Join(eps, ","),
+		"LOCALPROXY_TLS_SERVER_NAME=" + bed.OriginName(),
+		"LOCALPROXY_CA_FILE=/run/apifailover-e2e/ca.crt",
+		// As handover-socket-activation: a restart's connection attempts
+		// wait in the socket's backlog for the old process's drain.
+		"LOCALPROXY_SHUTDOWN_TIMEOUT=3s",
+		"",
+	}, "\n")), 0o644))
+	copyFile(t, bed.CAFile(), filepath.Join(dir, "ca.crt"))
+	copyFile(t, bin, filepath.Join(dir, "localproxy"))
+	must(t, os.WriteFile(filepath.Join(dir, "boot.sh"), []byte(sdBoot), 0o755))
+
+	s := &systemdNS{t: t, dir: dir}
+	s.unshare = exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--uts", "--ipc", "--propagation", "private",
+		"bash", filepath.Join(dir, "boot.sh"), dir)
+	outFile, err := os.Create(filepath.Join(dir, "unshare.log"))
+	must(t, err)
+	defer outFile.Close()
+	out := func() string { b, _ := os.ReadFile(outFile.Name()); return string(b) }
+	s.unshare.Stdout, s.unshare.Stderr = outFile, outFile
+	s.unshare.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(t, s.unshare.Start())
+	exited := make(chan struct{})
+	go func() { s.unshare.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		if t.Failed() && s.pid > 0 {
+			j, _ := s.run(context.WithoutCancel(ctx), "journalctl", "--no-pager", "-o", "short-precise", "-n", "300")
+			t.Logf("the namespace's journal:\n%s", j)
+		}
+		s.unshare.Process.Signal(syscall.SIGTERM) // --kill-child: SIGKILL to systemd, whose namespace dies with it
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			s.unshare.Process.Kill()
+			<-exited
+		}
+		if o := out(); o != "" {
+			t.Logf("unshare: %s", o)
+		}
+	})
+	e := &env{t: t, ctx: ctx}
+	if err := e.waitFor("systemd running in its namespace", observeLimit, func() bool {
+		select {
+		case <-exited:
+			return true // reported below
+		default:
+		}
+		if s.pid == 0 {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", s.unshare.Process.Pid, s.unshare.Process.Pid))
+			s.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			if s.pid == 0 {
+				return false
+			}
+		}
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", s.pid)); strings.TrimSpace(string(comm)) != "systemd" {
+			return false
+		}
+		state, _ := s.run(ctx, "systemctl", "is-system-running")
+		return state == "running" || state == "degraded"
+	}); err != nil {
+		t.Fatalf("%v; unshare: %s", err, out())
+	}
+	select {
+	case <-exited:
+		t.Fatalf("systemd's namespace ended: %v; unshare: %s", s.unshare.ProcessState, out())
+	default:
+	}
+	return s
+}
+
+// run runs a command in the namespace (nsenter), its output trimmed.
+func (s *systemdNS) run(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"-t", strconv.Itoa(s.pid), "-m", "-p", "-u", "-i", "--"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return strings.TrimSpace(string(out)), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// systemctl runs systemctl in the namespace; a failure fails the test.
+func (s *systemdNS) systemctl(ctx context.Context, args ...string) {
+	s.t.Helper()
+	if _, err := s.run(ctx, append([]string{"systemctl", "--no-pager"}, args...)...); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// show returns unit's properties.
+func (s *systemdNS) show(ctx context.Context, unit string, props ...string) map[string]string {
+	s.t.Helper()
+	out, err := s.run(ctx, "systemctl", "show", unit, "--property="+strings.Join(props, ","))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// testSystemd runs the shipped systemd units (cmd/localproxy/deploy)
+// under a real systemd: the socket unit holds 127.0.0.1:7445, the
+// service (DynamicUser, the sandbox, Type=notify) starts and reports
+// the API servers in its status; kubectl, fresh TLS connections and a
+// client-go workload go through two restarts with nothing refused or
+// lost; a proxy that stops (SIGSTOP: it sends no WATCHDOG=1) is
+// restarted by systemd's watchdog; a stop is clean.
+func testSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed) {
+	healBed(t, ctx, bed)
+	dir := t.TempDir()
+	bin := buildLocalProxy(t, ctx, dir)
+	s := bootSystemd(t, ctx, bed, filepath.Join(dir, "ns"), bin)
+	e := &env{t: t, ctx: ctx}
+
+	// Type=notify: start returns once the proxy sent READY=1.
+	began := time.Now()
+	s.systemctl(ctx, "start", sdSocket, sdService)
+	t.Logf("systemctl start returned after %.3fs", time.Since(began).Seconds())
+	p := s.show(ctx, sdService, "ActiveState", "SubState", "Type", "MainPID", "WatchdogUSec", "StatusText")
+	if p["ActiveState"] != "active" || p["SubState"] != "running" || p["Type"] != "notify" {
+		t.Fatalf("after start: %v", p)
+	}
+	if p["WatchdogUSec"] != sdWatchdog.String() {
+		t.Errorf("WatchdogUSec=%s, want %v", p["WatchdogUSec"], sdWatchdog)
+	}
+	// The sandbox ran it: a dynamic user, not root.
+	st, err := s.run(ctx, "cat", "/proc/"+p["MainPID"]+"/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(st, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" && f[1] == "0" {
+			t.Errorf("the service runs as root: %s", line)
+		}
+	}
+	want := fmt.Sprintf("%d of %d API servers healthy", len(bed.APIServers()), len(bed.APIServers()))
+	if err := e.waitFor("systemctl status saying "+want, observeLimit, func() bool {
+		return strings.HasPrefix(s.show(ctx, sdService, "StatusText")["StatusText"], want)
+	}); err != nil {
+		t.Fatalf("%v: %v", err, s.show(ctx, sdService, "StatusText"))
+	}
+	t.Logf("status: %s", s.show(ctx, sdService, "StatusText")["StatusText"])
+
+	// Restarts (an upgrade): the socket stays in systemd.
+	load := startHandoverLoad(t, ctx, bed, dir, 7445, "systemd")
+	load.waitRuns(t, ctx, 6)
+	for i := 1; i <= 2; i++ {
+		pid := s.show(ctx, sdService, "MainPID")["MainPID"]
+		began := time.Now()
+		s.systemctl(ctx, "restart", sdService)
+		t.Logf("restart %d: %.3fs (MainPID %s -> %s)", i, time.Since(began).Seconds(), pid, s.show(ctx, sdService, "MainPID")["MainPID"])
+		load.waitRuns(t, ctx, 6)
+	}
+	load.stop(ctx)
+	if _, err := s.run(ctx, "test", "-s", "/var/lib/apifailover/state.json"); err != nil {
+		t.Errorf("no state file in the StateDirectory: %v", err)
+	}
+
+	// A proxy that stops answering: no WATCHDOG=1, and systemd restarts
+	// it after WatchdogSec.
+	p = s.show(ctx, sdService, "MainPID", "NRestarts")
+	stopped := time.Now()
+	s.systemctl(ctx, "kill", "--signal=SIGSTOP", sdService)
+	if err := e.waitFor("systemd's watchdog restarting the stopped proxy", observeLimit, func() bool {
+		q := s.show(ctx, sdService, "MainPID", "NRestarts", "ActiveState")
+		return q["ActiveState"] == "active" && q["MainPID"] != p["MainPID"] && q["MainPID"] != "0" && q["NRestarts"] != p["NRestarts"]
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restarted by the watchdog %.3fs after SIGSTOP (WatchdogSec=%v)", time.Since(stopped).Seconds(), sdWatchdog)
+	// systemd's word for it, and the stacks of the stopped proxy's
+	// goroutines (SIGABRT), which tell an operator where it hung.
+	j, _ := s.run(ctx, "journalctl", "--no-pager", "-u", sdService)
+	if !strings.Contains(j, "Watchdog timeout") || !strings.Contains(j, "SIGABRT: abort") || strings.Count(j, "goroutine ") < 5 {
+		t.Errorf("the journal tells of no watchdog timeout, or holds no goroutine dump:\n%s", j)
+	}
+	kubeconfig := filepath.Join(dir, "systemd.kubeconfig") // written by startHandoverLoad
+	if err := e.waitFor("kubectl through the restarted proxy", observeLimit, func() bool {
+		out, err := kubectlAt(ctx, bed, kubeconfig, "get", "--raw", "/readyz")
+		return err == nil && strings.TrimSpace(out) == "ok"
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A stop is clean: SIGTERM, a drain, exit 0.
+	s.systemctl(ctx, "stop", sdService, sdSocket)
+	if q := s.show(ctx, sdService, "ActiveState", "Result", "ExecMainStatus"); q["ActiveState"] != "inactive" || q["Result"] != "success" || q["ExecMainStatus"] != "0" {
+		t.Errorf("after stop: %v", q)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	must(t, err)
+	must(t, os.WriteFile(dst, b, 0o644))
+}
