@@ -136,8 +136,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	sd, err := newSDNotifier(getenv, os.Getpid())
 	if err != nil {
-		printErrors(stderr, "localproxy", err)
-		return exitUsage
+		log.Error(err, "not notifying systemd")
 	}
 	if sd != nil {
 		defer sd.close()

@@ -947,8 +947,18 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		t.Fatal("run did not return")
 	}
 
-	var stderr bytes.Buffer
-	code := main.Run(t.Context(), []string{"--endpoints=" + up.Addr().String(), "--probe=tcp", "--bind-port=" + strconv.Itoa(port)}, env("NOTIFY_SOCKET", "notify"), io.Discard, &stderr)
-	assert.Equal(t, main.ExitUsage, code)
-	assert.Contains(t, stderr.String(), `localproxy: NOTIFY_SOCKET="notify": want the path of a Unix datagram socket`)
+	// A NOTIFY_SOCKET it cannot use is logged, naming it, and the proxy
+	// runs without notifications: a node's API path is not refused over
+	// them.
+	ctx, cancel = context.WithCancel(t.Context())
+	defer cancel()
+	var logs2 syncBuffer
+	go func() {
+		done <- main.Run(ctx, []string{"--endpoints=" + up.Addr().String(), "--probe=tcp", "--bind-port=" + strconv.Itoa(port),
+			"--health-port=" + strconv.Itoa(freePort(t))}, env("NOTIFY_SOCKET", "notify"), io.Discard, &logs2)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(logs2.String(), "proxy listening") }, 10*time.Second, 10*time.Millisecond, "%s", logs2.String())
+	assert.Contains(t, logs2.String(), `not notifying systemd" err="NOTIFY_SOCKET=\"notify\": want the path of a Unix datagram socket`)
+	cancel()
+	assert.Equal(t, main.ExitOK, <-done)
 }

@@ -39,7 +39,10 @@ type sdNotifier struct {
 // newSDNotifier reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID (the
 // latter two as sd_watchdog_enabled(3) does: for this process only when
 // WATCHDOG_PID is unset or names it) and connects to the socket. nil, nil
-// when NOTIFY_SOCKET is unset.
+// when NOTIFY_SOCKET is unset. An error names the variable: the caller
+// logs it and runs without notifications, as sd_notify(3) advises (a
+// node's API path is not to be refused over them; a Type=notify unit then
+// fails its start, with that line in the journal).
 func newSDNotifier(getenv func(string) string, pid int) (*sdNotifier, error) {
 	name := getenv("NOTIFY_SOCKET")
 	if name == "" {
@@ -73,8 +76,14 @@ func newSDNotifier(getenv func(string) string, pid int) (*sdNotifier, error) {
 	return &sdNotifier{conn: conn, watchdog: watchdog}, nil
 }
 
+// notifyWriteTimeout bounds a notification's write: a datagram socket
+// whose reader (PID 1) does not read, frozen or busy reloading, blocks
+// the writer once its queue is full, and the proxy's exit would wait.
+const notifyWriteTimeout = time.Second
+
 // send sends one notification, its assignments one per line.
 func (n *sdNotifier) send(lines ...string) error {
+	n.conn.SetWriteDeadline(time.Now().Add(notifyWriteTimeout))
 	_, err := n.conn.Write([]byte(strings.Join(lines, "\n")))
 	return err
 }
@@ -84,13 +93,23 @@ func (n *sdNotifier) close() { n.conn.Close() }
 
 // every is the pace of the notifications while the proxy runs: half the
 // watchdog's timeout, as sd_watchdog_enabled(3) advises, or
-// notifyStatusEvery if that is sooner or there is no watchdog.
-func (n *sdNotifier) every() time.Duration {
+// notifyStatusEvery if that is sooner or there is no watchdog; and
+// notifyStatusSoon while an API server is still to be checked (starting).
+func (n *sdNotifier) every(checking bool) time.Duration {
+	d := notifyStatusEvery
 	if n.watchdog > 0 {
-		return min(n.watchdog/2, notifyStatusEvery)
+		d = min(n.watchdog/2, d)
 	}
-	return notifyStatusEvery
+	if checking {
+		d = min(notifyStatusSoon, d)
+	}
+	return d
 }
+
+// notifyStatusSoon is the pace of STATUS= while the first health checks
+// run: systemctl status right after a (re)start says what they found
+// within a second, not 10s on.
+const notifyStatusSoon = time.Second
 
 // notifiedProxy is what the notifications tell of: a *localproxy.Proxy.
 type notifiedProxy interface {
@@ -117,9 +136,10 @@ func (n *sdNotifier) run(ctx context.Context, p notifiedProxy, log logr.Logger) 
 		return
 	case <-p.Ready():
 	}
-	status := statusLine(p.Status(), nil)
+	st := p.Status()
+	status := statusLine(st, nil)
 	send("READY=1", "STATUS="+status)
-	t := time.NewTicker(n.every())
+	t := time.NewTimer(n.every(checking(st)))
 	defer t.Stop()
 	var dead error // what Live said last, if not live
 	for {
@@ -141,14 +161,26 @@ func (n *sdNotifier) run(ctx context.Context, p notifiedProxy, log logr.Logger) 
 		if err == nil && n.watchdog > 0 {
 			lines = append(lines, "WATCHDOG=1")
 		}
-		if s := statusLine(p.Status(), err); s != status {
+		st := p.Status()
+		if s := statusLine(st, err); s != status {
 			status = s
 			lines = append(lines, "STATUS="+s)
 		}
 		if len(lines) > 0 {
 			send(lines...)
 		}
+		t.Reset(n.every(checking(st)))
 	}
+}
+
+// checking reports whether an API server is yet to be checked.
+func checking(s localproxy.Status) bool {
+	for _, u := range s.Upstreams {
+		if u.State == "unknown" {
+			return true
+		}
+	}
+	return false
 }
 
 // statusLine is STATUS= for systemctl status: the API servers healthy,
@@ -158,16 +190,22 @@ func statusLine(s localproxy.Status, notLive error) string {
 	if notLive != nil {
 		return "not live: " + oneLine(notLive.Error())
 	}
-	healthy, preferred := 0, ""
+	healthy, unknown, preferred := 0, 0, ""
 	for _, u := range s.Upstreams {
-		if u.State == "healthy" {
+		switch u.State {
+		case "healthy":
 			healthy++
+		case "unknown":
+			unknown++
 		}
 		if u.Preferred && preferred == "" {
 			preferred = u.Addr
 		}
 	}
 	line := fmt.Sprintf("%d of %d API servers healthy", healthy, len(s.Upstreams))
+	if unknown > 0 {
+		line += fmt.Sprintf(" (%d not checked yet)", unknown)
+	}
 	if preferred != "" {
 		line += ", preferred " + preferred
 	}

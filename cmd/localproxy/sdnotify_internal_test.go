@@ -150,7 +150,8 @@ func TestSDNotifierFeedsTheWatchdogOnlyWhileLive(t *testing.T) {
 	n, err := newSDNotifier(getenvOf("NOTIFY_SOCKET", sock, "WATCHDOG_USEC", strconv.Itoa(200_000)), 1)
 	require.NoError(t, err)
 	defer n.close()
-	assert.Equal(t, 100*time.Millisecond, n.every(), "half the watchdog's timeout")
+	assert.Equal(t, 100*time.Millisecond, n.every(false), "half the watchdog's timeout")
+	assert.Equal(t, 100*time.Millisecond, n.every(true))
 	p := &fakeNotified{ready: make(chan struct{}), conns: 3}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -199,7 +200,8 @@ func TestSDNotifierWithoutWatchdog(t *testing.T) {
 	require.NoError(t, err)
 	defer n.close()
 	assert.Equal(t, time.Duration(0), n.watchdog, "the watchdog is another process's")
-	assert.Equal(t, notifyStatusEvery, n.every())
+	assert.Equal(t, notifyStatusEvery, n.every(false))
+	assert.Equal(t, notifyStatusSoon, n.every(true), "while API servers are still to be checked")
 	p := &fakeNotified{ready: make(chan struct{})}
 	close(p.ready)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -226,4 +228,19 @@ func TestSDNotifierNotReady(t *testing.T) {
 		t.Fatalf("notified: %q", m)
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+func TestStatusLine(t *testing.T) {
+	st := localproxy.Status{ActiveConnections: 7, Upstreams: []localproxy.UpstreamStatus{
+		{Status: upstream.Status{Addr: "10.0.0.1:6443", Preferred: true}, State: "unknown"},
+		{Status: upstream.Status{Addr: "10.0.0.2:6443"}, State: "healthy"},
+		{Status: upstream.Status{Addr: "10.0.0.3:6443"}, State: "unknown"},
+	}}
+	assert.True(t, checking(st))
+	assert.Equal(t, "1 of 3 API servers healthy (2 not checked yet), preferred 10.0.0.1:6443; 7 client connections", statusLine(st, nil))
+	st.Upstreams[0].State, st.Upstreams[2].State = "quarantined", "unhealthy"
+	assert.False(t, checking(st))
+	assert.Equal(t, "1 of 3 API servers healthy, preferred 10.0.0.1:6443; 7 client connections", statusLine(st, nil))
+	assert.Equal(t, "0 of 0 API servers healthy; 0 client connections", statusLine(localproxy.Status{}, nil))
+	assert.Equal(t, "not live: 1 of 2 accept loops running", statusLine(st, errors.New("1 of 2 accept loops running")))
 }

@@ -20,8 +20,10 @@ const (
 	sdService = "apifailover-localproxy.service"
 	sdSocket  = "apifailover-localproxy.socket"
 	// sdWatchdog is the test's WatchdogSec (a drop-in), so that the
-	// watchdog's restart comes within seconds; the unit's is 30s.
-	sdWatchdog = 3 * time.Second
+	// watchdog's restart comes sooner than the unit's 30s; still above
+	// the drain (LOCALPROXY_SHUTDOWN_TIMEOUT) and, with pings every 5s,
+	// with room for a busy machine.
+	sdWatchdog = 10 * time.Second
 )
 
 // systemdNS is a real systemd, PID 1 of its own PID and mount namespaces
@@ -30,12 +32,16 @@ const (
 // machine: its unit directories are empty but for the shipped units,
 // the targets they order against, and journald; the directories it or
 // the service write to are its own (tmpfs), so that nothing it runs (a
-// tmpfiles clean-up of /tmp, say) reaches the machine.
+// tmpfiles clean-up of /tmp, say) reaches the machine. It runs as in a
+// container (container=, /proc/sys and /sys read-only: no kernel setting
+// or module of the machine's is touched), in a cgroup of its own that
+// the test removes.
 type systemdNS struct {
 	t       *testing.T
 	unshare *exec.Cmd
 	pid     int // systemd's, as this test sees it
 	dir     string
+	cgroup  string // the name of its cgroup, in every hierarchy
 }
 
 // sdSupportUnits are the units of this machine the namespace's systemd
@@ -51,8 +57,18 @@ var sdTargets = []string{"apifailover-e2e.target", "sysinit.target", "basic.targ
 // every directory systemd or the service could change, the units, the
 // binary, its settings and the cluster's CA where the README puts them.
 const sdBoot = `set -euo pipefail
-d=$1
+d=$1 cg=$2
+# A cgroup of its own, which systemd takes for its root.
+for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
+	[ -e "$h/cgroup.procs" ] || continue
+	mkdir -p "$h/$cg"
+	echo $$ > "$h/$cg/cgroup.procs"
+done
 mount --make-rprivate /
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+mount --rbind /sys /sys
+mount -o remount,bind,ro /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /run/systemd/system /run/apifailover-e2e
 cp -r "$d"/units/. /run/systemd/system/
@@ -67,6 +83,7 @@ for m in /tmp /var/tmp /var/lib /var/log /var/cache /etc/systemd/system /usr/lib
 done
 mv /run/apifailover-e2e/localproxy /usr/local/bin/localproxy
 mv /run/apifailover-e2e/env /etc/default/apifailover-localproxy
+export container=apifailover-e2e
 exec /usr/lib/systemd/systemd --system --unit=apifailover-e2e.target --log-target=journal-or-kmsg
 `
 
@@ -75,6 +92,11 @@ exec /usr/lib/systemd/systemd --system --unit=apifailover-e2e.target --log-targe
 // it runs.
 func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin string) *systemdNS {
 	t.Helper()
+	// Cgroups and DynamicUser's users need root of the machine; the bed
+	// also runs as another user, in a user namespace that maps it to 0.
+	if m, err := os.ReadFile("/proc/self/uid_map"); err != nil || strings.Join(strings.Fields(string(m)), " ") != "0 0 4294967295" {
+		t.Skipf("systemd needs the machine's root, not a user namespace's (uid_map %q)", m)
+	}
 	for _, p := range []string{"/usr/lib/systemd/systemd", "/usr/bin/systemctl", "/usr/bin/journalctl"} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("systemd is needed (hack/tools/ensure-deps.sh installs it): %v", err)
@@ -116,9 +138,9 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 	copyFile(t, bin, filepath.Join(dir, "localproxy"))
 	must(t, os.WriteFile(filepath.Join(dir, "boot.sh"), []byte(sdBoot), 0o755))
 
-	s := &systemdNS{t: t, dir: dir}
+	s := &systemdNS{t: t, dir: dir, cgroup: fmt.Sprintf("apifailover-e2e-%d", os.Getpid())}
 	s.unshare = exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--uts", "--ipc", "--propagation", "private",
-		"bash", filepath.Join(dir, "boot.sh"), dir)
+		"bash", filepath.Join(dir, "boot.sh"), dir, s.cgroup)
 	outFile, err := os.Create(filepath.Join(dir, "unshare.log"))
 	must(t, err)
 	defer outFile.Close()
@@ -133,15 +155,15 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 			j, _ := s.run(context.WithoutCancel(ctx), "journalctl", "--no-pager", "-o", "short-precise", "-n", "300")
 			t.Logf("the namespace's journal:\n%s", j)
 		}
-		s.unshare.Process.Signal(syscall.SIGTERM) // --kill-child: SIGKILL to systemd, whose namespace dies with it
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			s.unshare.Process.Kill()
-			<-exited
-		}
+		// --kill-child: systemd gets SIGKILL as unshare dies, and its
+		// PID namespace, the service included, with it.
+		s.unshare.Process.Kill()
+		<-exited
 		if o := out(); o != "" {
 			t.Logf("unshare: %s", o)
+		}
+		if err := s.removeCgroups(); err != nil {
+			t.Error(err)
 		}
 	})
 	e := &env{t: t, ctx: ctx}
@@ -172,6 +194,38 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 	default:
 	}
 	return s
+}
+
+// removeCgroups removes the namespace's cgroup, and those systemd made
+// in it, from every hierarchy, once their processes are gone.
+func (s *systemdNS) removeCgroups() error {
+	hs, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.cgroup)
+	if _, err := os.Stat("/sys/fs/cgroup/" + s.cgroup); err == nil {
+		hs = append(hs, "/sys/fs/cgroup/"+s.cgroup)
+	}
+	var last error
+	for range 100 { // processes leave their cgroups as they are reaped
+		last = nil
+		for _, h := range hs {
+			var dirs []string
+			filepath.WalkDir(h, func(p string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					dirs = append(dirs, p)
+				}
+				return nil
+			})
+			for i := len(dirs) - 1; i >= 0; i-- { // the deepest first
+				if err := syscall.Rmdir(dirs[i]); err != nil && !os.IsNotExist(err) {
+					last = fmt.Errorf("removing the cgroup %s: %w", dirs[i], err)
+				}
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
 }
 
 // run runs a command in the namespace (nsenter), its output trimmed.
@@ -282,9 +336,12 @@ func testSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 	t.Logf("restarted by the watchdog %.3fs after SIGSTOP (WatchdogSec=%v)", time.Since(stopped).Seconds(), sdWatchdog)
 	// systemd's word for it, and the stacks of the stopped proxy's
 	// goroutines (SIGABRT), which tell an operator where it hung.
-	j, _ := s.run(ctx, "journalctl", "--no-pager", "-u", sdService)
-	if !strings.Contains(j, "Watchdog timeout") || !strings.Contains(j, "SIGABRT: abort") || strings.Count(j, "goroutine ") < 5 {
-		t.Errorf("the journal tells of no watchdog timeout, or holds no goroutine dump:\n%s", j)
+	var j string
+	if err := e.waitFor("the watchdog timeout and a goroutine dump in the journal", observeLimit, func() bool {
+		j, _ = s.run(ctx, "journalctl", "--no-pager", "-u", sdService)
+		return strings.Contains(j, "Watchdog timeout") && strings.Contains(j, "SIGABRT: abort") && strings.Count(j, "goroutine ") >= 5
+	}); err != nil {
+		t.Errorf("%v:\n%s", err, j)
 	}
 	kubeconfig := filepath.Join(dir, "systemd.kubeconfig") // written by startHandoverLoad
 	if err := e.waitFor("kubectl through the restarted proxy", observeLimit, func() bool {
