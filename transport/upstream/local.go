@@ -3,33 +3,59 @@ package upstream
 import (
 	"net"
 	"net/netip"
+	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 )
 
-// localAddrs answers whether an IP address belongs to this host. The
-// interface addresses are read once, when the pool is created.
+// localEvery is how often the probe loop asks again which endpoints are
+// on this host (Pool.refreshLocal): a proxy started before the node's
+// address was configured (a static pod, a unit ordered early in boot), or
+// a node whose address changed, learns that its own API server is local.
+// A variable for the tests.
+var localEvery = 30 * time.Second
+
+// localAddrs answers whether an IP address belongs to this host, from
+// the interface addresses it read last (read).
 type localAddrs struct {
-	addrs map[netip.Addr]bool
+	log    logr.Logger
+	mu     sync.RWMutex
+	addrs  map[netip.Addr]bool
+	failed bool // the last read failed; logged once per run of failures
 }
 
-// newLocalAddrs reads this host's interface addresses; it logs to log
-// when it cannot (on Linux they come through a netlink socket, which a
-// sandbox may forbid: systemd's RestrictAddressFamilies without
-// AF_NETLINK), and then only loopback addresses are local.
+// newLocalAddrs reads this host's interface addresses (read).
 func newLocalAddrs(log logr.Logger) *localAddrs {
-	l := &localAddrs{addrs: make(map[netip.Addr]bool)}
+	l := &localAddrs{log: log, addrs: make(map[netip.Addr]bool)}
+	l.read()
+	return l
+}
+
+// read reads this host's interface addresses again. It logs when it
+// cannot (on Linux they come through a netlink socket, which a sandbox
+// may forbid: systemd's RestrictAddressFamilies without AF_NETLINK), and
+// then keeps those it read before (none at first: only loopback
+// addresses are local).
+func (l *localAddrs) read() {
 	ifaddrs, err := net.InterfaceAddrs()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if err != nil {
-		log.Info("cannot read this host's addresses: an API server on this host counts as local only at a loopback address", "err", err.Error())
-		return l
+		if !l.failed {
+			l.log.Info("cannot read this host's addresses: an API server on this host counts as local only at a loopback address or one read before", "err", err.Error())
+		}
+		l.failed = true
+		return
 	}
+	l.failed = false
+	addrs := make(map[netip.Addr]bool, len(ifaddrs))
 	for _, a := range ifaddrs {
 		if pfx, err := netip.ParsePrefix(a.String()); err == nil {
-			l.addrs[pfx.Addr().Unmap()] = true
+			addrs[pfx.Addr().Unmap()] = true
 		}
 	}
-	return l
+	l.addrs = addrs
 }
 
 func (l *localAddrs) isLocal(host string) bool {
@@ -38,5 +64,10 @@ func (l *localAddrs) isLocal(host string) bool {
 		return false
 	}
 	ip = ip.Unmap().WithZone("")
-	return ip.IsLoopback() || l.addrs[ip]
+	if ip.IsLoopback() {
+		return true
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.addrs[ip]
 }

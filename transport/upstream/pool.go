@@ -105,7 +105,8 @@ type Config struct {
 	Zone string
 	// IsLocal reports whether a host (IP address or name, without port) is
 	// this machine. If nil, IP addresses assigned to this host's interfaces
-	// count as local.
+	// count as local, as they are every 30s. Run asks it again for every
+	// endpoint that often.
 	IsLocal func(host string) bool
 	// Logger receives state changes (V(0)) and probe results (V(4)). The
 	// zero value discards.
@@ -156,18 +157,18 @@ func (c *Config) setDefaults() error {
 	case c.QuarantineBackoffMax < c.QuarantineBackoff:
 		return fmt.Errorf("upstream: quarantine backoff max %v must be at least the quarantine backoff %v", c.QuarantineBackoffMax, c.QuarantineBackoff)
 	}
-	if c.IsLocal == nil {
-		c.IsLocal = newLocalAddrs(c.Logger).isLocal
-	}
 	return nil
 }
 
 // Pool holds the endpoints, their health and the order to try them in. It is
 // safe for concurrent use. Start its probes with Run.
 type Pool struct {
-	cfg  Config
-	seed maphash.Seed
-	kick chan struct{}
+	cfg Config
+	// readLocal reads this host's addresses again, before Run asks
+	// IsLocal again; set with the default IsLocal, nil with the caller's.
+	readLocal func()
+	seed      maphash.Seed
+	kick      chan struct{}
 	// active is when the probe loop last started a round or a probe, in
 	// Unix nanoseconds; zero before the first round.
 	active atomic.Int64
@@ -245,12 +246,18 @@ func New(cfg Config) (*Pool, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	var readLocal func()
+	if cfg.IsLocal == nil {
+		l := newLocalAddrs(cfg.Logger)
+		cfg.IsLocal, readLocal = l.isLocal, l.read
+	}
 	return &Pool{
-		cfg:  cfg,
-		seed: maphash.MakeSeed(),
-		kick: make(chan struct{}, 1),
-		eps:  make(map[string]*endpoint),
-		subs: make(map[int]func(Event)),
+		cfg:       cfg,
+		readLocal: readLocal,
+		seed:      maphash.MakeSeed(),
+		kick:      make(chan struct{}, 1),
+		eps:       make(map[string]*endpoint),
+		subs:      make(map[int]func(Event)),
 	}, nil
 }
 

@@ -34,6 +34,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var last time.Time
+	lastLocal := time.Now() // New asked IsLocal
 	for {
 		select {
 		case <-ctx.Done():
@@ -48,10 +49,44 @@ func (p *Pool) Run(ctx context.Context) error {
 		last = time.Now()
 		p.active.Store(monotime.Of(last))
 		p.probeRound(ctx)
+		if time.Since(lastLocal) >= localEvery {
+			lastLocal = time.Now()
+			p.refreshLocal()
+		}
 		// Rounds keep their cadence: a round that ran into timeouts does
 		// not push the next one back.
 		timer.Reset(max(p.nextInterval()-time.Since(last), 0))
 	}
+}
+
+// refreshLocal asks IsLocal again for every endpoint (after reading the
+// host's addresses again, with the default IsLocal), and reorders the
+// endpoints if an answer changed.
+func (p *Pool) refreshLocal() {
+	if p.readLocal != nil {
+		p.readLocal()
+	}
+	p.mu.Lock()
+	hosts := make(map[string]string, len(p.eps))
+	for addr, e := range p.eps {
+		hosts[addr] = e.host
+	}
+	p.mu.Unlock()
+	local := make(map[string]bool, len(hosts))
+	for addr, host := range hosts {
+		local[addr] = p.cfg.IsLocal(host) // may be slow: not under mu
+	}
+	p.mu.Lock()
+	for addr, l := range local {
+		if e := p.eps[addr]; e != nil && e.local != l {
+			e.local = l
+			p.dirty = true
+			p.cfg.Logger.Info("endpoint locality changed", "addr", addr, "local", l)
+		}
+	}
+	p.rebuildLocked()
+	p.mu.Unlock()
+	p.flush()
 }
 
 func (p *Pool) nextInterval() time.Duration {

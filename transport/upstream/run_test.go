@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -639,5 +640,50 @@ func TestRunQuietInterval(t *testing.T) {
 		n := prober.count(addrA)
 		advance(10 * time.Second)
 		assert.Equal(t, n+2, prober.count(addrA), "quiet again: every 5s")
+	})
+}
+
+// An endpoint that becomes local after the pool was made (the node's
+// address configured after the proxy started) is found within localEvery
+// (30s) by the probe loop, and preferred; one that stops being local
+// loses it the same way.
+func TestRunFindsLocalEndpointsAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var local atomic.Value
+		local.Store("")
+		p := newPool(t, upstream.Config{Prober: newProbeLog(nil), Interval: time.Second, Rise: 1,
+			IsLocal: func(h string) bool { return h == local.Load().(string) }})
+		var events []ev
+		var mu sync.Mutex
+		p.Subscribe(func(e upstream.Event) {
+			mu.Lock()
+			events = append(events, ev{e.Kind, e.Addr, e.Prev, e.State})
+			mu.Unlock()
+		})
+		stop := startRun(t, p)
+		defer stop()
+		mustSet(t, p, upstream.SourceStatic, specs("10.0.0.1:6443", "10.0.0.2:6443"))
+		advance(5 * time.Second)
+		require.Equal(t, upstream.StateHealthy, stateOf(t, p, "10.0.0.2:6443"))
+		before := preferredOf(p)
+		require.Len(t, before, 1)
+		other := "10.0.0.1"
+		if before[0] == "10.0.0.1:6443" {
+			other = "10.0.0.2"
+		}
+
+		local.Store(other)
+		advance(20 * time.Second)
+		assert.False(t, statusOf(t, p, other+":6443").Local, "asked again before 30s")
+		advance(15 * time.Second)
+		assert.True(t, statusOf(t, p, other+":6443").Local)
+		assert.Equal(t, []string{other + ":6443"}, preferredOf(p), "the local endpoint is preferred")
+		mu.Lock()
+		assert.Contains(t, events, ev{upstream.EventPreferred, other + ":6443", before[0], upstream.StateHealthy})
+		mu.Unlock()
+
+		local.Store("")
+		advance(35 * time.Second)
+		assert.False(t, statusOf(t, p, other+":6443").Local)
 	})
 }
