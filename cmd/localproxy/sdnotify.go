@@ -103,8 +103,12 @@ func (n *sdNotifier) every(checking bool) time.Duration {
 	if checking {
 		d = min(notifyStatusSoon, d)
 	}
-	return d
+	return max(d, notifyLeast)
 }
+
+// notifyLeast bounds the pace from below: a WATCHDOG_USEC of a few
+// microseconds is no reason to spin.
+const notifyLeast = 10 * time.Millisecond
 
 // notifyStatusSoon is the pace of STATUS= while the first health checks
 // run: systemctl status right after a (re)start says what they found

@@ -202,6 +202,8 @@ func TestSDNotifierWithoutWatchdog(t *testing.T) {
 	assert.Equal(t, time.Duration(0), n.watchdog, "the watchdog is another process's")
 	assert.Equal(t, notifyStatusEvery, n.every(false))
 	assert.Equal(t, notifyStatusSoon, n.every(true), "while API servers are still to be checked")
+	n.watchdog = time.Microsecond
+	assert.Equal(t, notifyLeast, n.every(false), "no spinning")
 	p := &fakeNotified{ready: make(chan struct{})}
 	close(p.ready)
 	ctx, cancel := context.WithCancel(t.Context())

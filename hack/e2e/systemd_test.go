@@ -2,10 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,9 +23,8 @@ const (
 	sdService = "apifailover-localproxy.service"
 	sdSocket  = "apifailover-localproxy.socket"
 	// sdWatchdog is the test's WatchdogSec (a drop-in), so that the
-	// watchdog's restart comes sooner than the unit's 30s; still above
-	// the drain (LOCALPROXY_SHUTDOWN_TIMEOUT) and, with pings every 5s,
-	// with room for a busy machine.
+	// watchdog's restart comes sooner than the unit's 30s; with pings
+	// every 5s, a busy machine does not miss it.
 	sdWatchdog = 10 * time.Second
 )
 
@@ -34,15 +36,19 @@ const (
 // the service write to are its own (tmpfs), so that nothing it runs (a
 // tmpfiles clean-up of /tmp, say) reaches the machine. It runs as in a
 // container (container=, /proc/sys and /sys read-only: no kernel setting
-// or module of the machine's is touched), in a cgroup of its own that
-// the test removes.
+// or module of the machine's is touched), in a cgroup namespace rooted at
+// a cgroup of its own under the test's, with cgroup file systems and the
+// tmpfs that holds them of its own; the test removes its cgroups.
 type systemdNS struct {
 	t       *testing.T
 	unshare *exec.Cmd
 	pid     int // systemd's, as this test sees it
 	dir     string
-	cgroup  string // the name of its cgroup, in every hierarchy
+	cgroups []string // its cgroup in each hierarchy
 }
+
+// sdCgroupPrefix begins the name of the namespace's cgroups.
+const sdCgroupPrefix = "apifailover-e2e-systemd-"
 
 // sdSupportUnits are the units of this machine the namespace's systemd
 // gets besides the shipped ones: journald, which keeps the service's
@@ -53,22 +59,39 @@ var sdSupportUnits = []string{"systemd-journald.service", "systemd-journald.sock
 // default dependencies, network-online.target), empty.
 var sdTargets = []string{"apifailover-e2e.target", "sysinit.target", "basic.target", "sockets.target", "shutdown.target", "network-online.target", "multi-user.target"}
 
-// sdBoot is PID 1's script until it execs systemd: private mounts over
-// every directory systemd or the service could change, the units, the
-// binary, its settings and the cluster's CA where the README puts them.
+// sdEnter runs as the test's child: it joins the cgroups made for the
+// namespace (arguments: their cgroup.procs files), then starts the
+// namespaces, a cgroup one among them, whose root is where it joined.
+const sdEnter = `set -euo pipefail
+d=$1; shift
+for procs in "$@"; do echo $$ > "$procs"; done
+exec unshare --cgroup --pid --fork --kill-child --mount --mount-proc --uts --ipc --propagation private bash "$d"/boot.sh "$d"
+`
+
+// sdBoot is PID 1's script until it execs systemd: a container's view of
+// the machine (its own cgroup file systems, rooted at its cgroup, on a
+// tmpfs of its own; /proc/sys and /sys read-only; /dev/console and
+// /dev/kmsg going nowhere), private mounts over every directory systemd
+// or the service could change, the units, the binary, its settings and
+// the cluster's CA where the README puts them.
 const sdBoot = `set -euo pipefail
-d=$1 cg=$2
-# A cgroup of its own, which systemd takes for its root.
-for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
-	[ -e "$h/cgroup.procs" ] || continue
-	mkdir -p "$h/$cg"
-	echo $$ > "$h/$cg/cgroup.procs"
-done
+d=$1
 mount --make-rprivate /
+mount --rbind /sys /sys
+mount -t tmpfs -o mode=0755 tmpfs /sys/fs/cgroup
+while read -r type dir opts; do
+	mkdir -p "$dir"
+	mount -t "$type" -o "$opts" "$type" "$dir"
+done < "$d"/cgroups
+# Read-only, but for the cgroups: the top of /sys, and what is mounted
+# under it (tracing, debugfs and the like).
+awk '$5 ~ "^/sys(/|$)" && $5 !~ "^/sys/fs/cgroup(/|$)" { print $5 }' /proc/self/mountinfo | sort -u | while read -r m; do
+	mount -o remount,bind,ro "$m"
+done
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
-mount --rbind /sys /sys
-mount -o remount,bind,ro /sys
+mount --bind /dev/null /dev/console
+mount --bind /dev/null /dev/kmsg
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /run/systemd/system /run/apifailover-e2e
 cp -r "$d"/units/. /run/systemd/system/
@@ -84,8 +107,83 @@ done
 mv /run/apifailover-e2e/localproxy /usr/local/bin/localproxy
 mv /run/apifailover-e2e/env /etc/default/apifailover-localproxy
 export container=apifailover-e2e
-exec /usr/lib/systemd/systemd --system --unit=apifailover-e2e.target --log-target=journal-or-kmsg
+exec /usr/lib/systemd/systemd --system --unit=apifailover-e2e.target --log-target=journal
 `
+
+// cgroupHierarchy is a cgroup file system of the machine's, as this
+// process sees it.
+type cgroupHierarchy struct {
+	typ  string // cgroup or cgroup2
+	dir  string // where it is mounted
+	opts string // the options that mount it again (cgroup v1: its controllers)
+	own  string // this process's cgroup in it, a directory under dir
+}
+
+// cgroupHierarchies lists the machine's cgroup file systems under
+// /sys/fs/cgroup and this process's cgroup in each.
+func cgroupHierarchies() ([]cgroupHierarchy, error) {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	paths := map[string]string{} // controllers (sorted, comma-separated; "" for cgroup2) -> path
+	for _, line := range strings.Split(strings.TrimSpace(string(self)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 {
+			c := strings.Split(f[1], ",")
+			slices.Sort(c)
+			paths[strings.Join(c, ",")] = f[2]
+		}
+	}
+	var hs []cgroupHierarchy
+	for _, line := range strings.Split(string(mi), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || !strings.HasPrefix(f[4], "/sys/fs/cgroup") {
+			continue
+		}
+		root, dir := f[3], f[4]
+		h := cgroupHierarchy{typ: g[0], dir: dir}
+		var key string
+		switch g[0] {
+		case "cgroup2":
+			h.opts = "rw"
+		case "cgroup":
+			var c []string
+			for _, o := range strings.Split(g[2], ",") {
+				if o != "rw" && o != "ro" && !strings.HasPrefix(o, "release_agent=") && o != "clone_children" && o != "xattr" {
+					c = append(c, o)
+				}
+			}
+			slices.Sort(c)
+			key = strings.Join(c, ",")
+			h.opts = key
+			if !strings.Contains(key, ",") && strings.HasPrefix(key, "name=") {
+				h.opts = "none," + key
+			}
+		default:
+			continue
+		}
+		p, ok := paths[key]
+		if !ok {
+			return nil, fmt.Errorf("no line of /proc/self/cgroup for the %s hierarchy at %s", g[0], dir)
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			return nil, fmt.Errorf("this process's cgroup %s is outside the hierarchy's mount at %s (root %s)", p, dir, root)
+		}
+		h.own = filepath.Join(dir, rel)
+		hs = append(hs, h)
+	}
+	if len(hs) == 0 {
+		return nil, errors.New("no cgroup file system under /sys/fs/cgroup")
+	}
+	return hs, nil
+}
 
 // bootSystemd starts systemd with the shipped units in dir (bin the
 // localproxy binary, settings for the bed's API servers) and waits until
@@ -137,10 +235,38 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 	copyFile(t, bed.CAFile(), filepath.Join(dir, "ca.crt"))
 	copyFile(t, bin, filepath.Join(dir, "localproxy"))
 	must(t, os.WriteFile(filepath.Join(dir, "boot.sh"), []byte(sdBoot), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "enter.sh"), []byte(sdEnter), 0o755))
 
-	s := &systemdNS{t: t, dir: dir, cgroup: fmt.Sprintf("apifailover-e2e-%d", os.Getpid())}
-	s.unshare = exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--uts", "--ipc", "--propagation", "private",
-		"bash", filepath.Join(dir, "boot.sh"), dir, s.cgroup)
+	// A cgroup of its own under this test's, in every hierarchy: the
+	// root of its cgroup namespace, removed at the end.
+	s := &systemdNS{t: t, dir: dir}
+	hs, err := cgroupHierarchies()
+	must(t, err)
+	name := fmt.Sprintf("%s%d-%d", sdCgroupPrefix, os.Getpid(), rand.Uint32())
+	var procs, mounts []string
+	for _, h := range hs {
+		sweepCgroups(h.own) // left by a run that could not clean up
+		d := filepath.Join(h.own, name)
+		must(t, os.Mkdir(d, 0o755))
+		s.cgroups = append(s.cgroups, d)
+		if strings.Contains(","+h.opts+",", ",cpuset,") { // joined only with CPUs and memory nodes
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(h.own, f))
+				must(t, err)
+				must(t, os.WriteFile(filepath.Join(d, f), b, 0o644))
+			}
+		}
+		procs = append(procs, filepath.Join(d, "cgroup.procs"))
+		mounts = append(mounts, fmt.Sprintf("%s %s %s", h.typ, h.dir, h.opts))
+	}
+	t.Cleanup(func() {
+		if err := s.removeCgroups(); err != nil {
+			t.Error(err)
+		}
+	})
+	must(t, os.WriteFile(filepath.Join(dir, "cgroups"), []byte(strings.Join(mounts, "\n")+"\n"), 0o644))
+
+	s.unshare = exec.Command("bash", append([]string{filepath.Join(dir, "enter.sh"), dir}, procs...)...)
 	outFile, err := os.Create(filepath.Join(dir, "unshare.log"))
 	must(t, err)
 	defer outFile.Close()
@@ -161,9 +287,6 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 		<-exited
 		if o := out(); o != "" {
 			t.Logf("unshare: %s", o)
-		}
-		if err := s.removeCgroups(); err != nil {
-			t.Error(err)
 		}
 	})
 	e := &env{t: t, ctx: ctx}
@@ -196,28 +319,15 @@ func bootSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed, dir, bin s
 	return s
 }
 
-// removeCgroups removes the namespace's cgroup, and those systemd made
-// in it, from every hierarchy, once their processes are gone.
+// removeCgroups removes the namespace's cgroups, and those systemd made
+// in them, once their processes are gone.
 func (s *systemdNS) removeCgroups() error {
-	hs, _ := filepath.Glob("/sys/fs/cgroup/*/" + s.cgroup)
-	if _, err := os.Stat("/sys/fs/cgroup/" + s.cgroup); err == nil {
-		hs = append(hs, "/sys/fs/cgroup/"+s.cgroup)
-	}
 	var last error
 	for range 100 { // processes leave their cgroups as they are reaped
 		last = nil
-		for _, h := range hs {
-			var dirs []string
-			filepath.WalkDir(h, func(p string, d os.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					dirs = append(dirs, p)
-				}
-				return nil
-			})
-			for i := len(dirs) - 1; i >= 0; i-- { // the deepest first
-				if err := syscall.Rmdir(dirs[i]); err != nil && !os.IsNotExist(err) {
-					last = fmt.Errorf("removing the cgroup %s: %w", dirs[i], err)
-				}
+		for _, d := range s.cgroups {
+			if err := removeCgroupTree(d); err != nil {
+				last = err
 			}
 		}
 		if last == nil {
@@ -226,6 +336,33 @@ func (s *systemdNS) removeCgroups() error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return last
+}
+
+// removeCgroupTree removes the cgroup d and those under it, the deepest
+// first: rmdir removes only a cgroup without processes or children.
+func removeCgroupTree(d string) error {
+	var dirs []string
+	filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := syscall.Rmdir(dirs[i]); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("removing the cgroup %s: %w", dirs[i], err)
+		}
+	}
+	return nil
+}
+
+// sweepCgroups removes the namespace cgroups under parent that a run
+// killed before its cleanup left; those with processes stay.
+func sweepCgroups(parent string) {
+	old, _ := filepath.Glob(filepath.Join(parent, sdCgroupPrefix+"*"))
+	for _, d := range old {
+		removeCgroupTree(d)
+	}
 }
 
 // run runs a command in the namespace (nsenter), its output trimmed.
@@ -297,6 +434,21 @@ func testSystemd(t *testing.T, ctx context.Context, bed *testbed.Bed) {
 	for _, line := range strings.Split(st, "\n") {
 		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" && f[1] == "0" {
 			t.Errorf("the service runs as root: %s", line)
+		}
+	}
+	// In the namespace's cgroups, under the test's own: the unit's
+	// MemoryMax= is set where the machine's accounting of the test sees it.
+	for _, d := range s.cgroups {
+		if !strings.HasPrefix(d, "/sys/fs/cgroup/memory/") {
+			continue
+		}
+		svc := filepath.Join(d, "system.slice", sdService)
+		procs, err := os.ReadFile(filepath.Join(svc, "cgroup.procs"))
+		if err != nil || len(strings.Fields(string(procs))) == 0 {
+			t.Errorf("the service is not in its memory cgroup %s: %v %q", svc, err, procs)
+		}
+		if b, err := os.ReadFile(filepath.Join(svc, "memory.limit_in_bytes")); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(256<<20) {
+			t.Errorf("%s's memory limit: %q, %v; want MemoryMax=256M", svc, b, err)
 		}
 	}
 	want := fmt.Sprintf("%d of %d API servers healthy", len(bed.APIServers()), len(bed.APIServers()))
