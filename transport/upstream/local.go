@@ -3,6 +3,7 @@ package upstream
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,7 +39,7 @@ func newLocalAddrs(log logr.Logger) *localAddrs {
 // then keeps those it read before (none at first: only loopback
 // addresses are local).
 func (l *localAddrs) read() {
-	ifaddrs, err := net.InterfaceAddrs()
+	ifaddrs, err := hostAddrs()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -56,6 +57,37 @@ func (l *localAddrs) read() {
 		}
 	}
 	l.addrs = addrs
+}
+
+// ipvsInterface is the dummy interface kube-proxy's IPVS mode puts every
+// Service's ClusterIP on, the kubernetes Service's (the in-cluster origin)
+// among them: none of them is an API server on this host. Counted as
+// local, the origin would outrank every API server discovered, on every
+// node, and take all requests through kube-proxy.
+const ipvsInterface = "kube-ipvs0"
+
+// hostAddrs returns the addresses of this host's interfaces, but those
+// of ipvsInterface.
+func hostAddrs() ([]net.Addr, error) {
+	all, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	ipvs, err := net.InterfaceByName(ipvsInterface)
+	if err != nil {
+		return all, nil // none
+	}
+	skip, err := ipvs.Addrs()
+	if err != nil {
+		return nil, err
+	}
+	keep := all[:0]
+	for _, a := range all {
+		if !slices.ContainsFunc(skip, func(s net.Addr) bool { return s.String() == a.String() }) {
+			keep = append(keep, a)
+		}
+	}
+	return keep, nil
 }
 
 func (l *localAddrs) isLocal(host string) bool {

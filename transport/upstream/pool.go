@@ -203,22 +203,26 @@ type Pool struct {
 
 // endpoint is the pool's record of one address. Guarded by Pool.mu.
 type endpoint struct {
-	addr     string
-	host     string
-	zone     string
-	sources  Source
-	local    bool
-	tie      uint64
-	state    State
-	succ     int
-	fail     int
-	suspect  bool
-	draining bool
-	rtt      time.Duration
-	tier     int // RTT tier of rtt, with hysteresis; see setRTTLocked
-	conns    int
-	waiting  int // see AddWaiting
-	stalled  int // see AddStalled
+	addr    string
+	host    string
+	zone    string
+	sources Source
+	local   bool
+	// localChanged: the last read of locality (Pool.refreshLocal) said
+	// the other answer than local; the next one that says it too
+	// changes local.
+	localChanged bool
+	tie          uint64
+	state        State
+	succ         int
+	fail         int
+	suspect      bool
+	draining     bool
+	rtt          time.Duration
+	tier         int // RTT tier of rtt, with hysteresis; see setRTTLocked
+	conns        int
+	waiting      int // see AddWaiting
+	stalled      int // see AddStalled
 	// suspectGen counts the times the endpoint became suspect, so that a
 	// probe's success lifts only a suspicion it was asked for (see
 	// Suspected).

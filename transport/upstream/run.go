@@ -61,7 +61,11 @@ func (p *Pool) Run(ctx context.Context) error {
 
 // refreshLocal asks IsLocal again for every endpoint (after reading the
 // host's addresses again, with the default IsLocal), and reorders the
-// endpoints if an answer changed.
+// endpoints once an answer changed at two reads in a row: an address that
+// comes and goes between two reads (a DHCP renewal, a VIP moving and back)
+// moves no connection, where each change would move all of them (to a
+// local endpoint fail-back moves connections at once, its settle time
+// counting from when the endpoint became healthy).
 func (p *Pool) refreshLocal() {
 	if p.readLocal != nil {
 		p.readLocal()
@@ -78,8 +82,15 @@ func (p *Pool) refreshLocal() {
 	}
 	p.mu.Lock()
 	for addr, l := range local {
-		if e := p.eps[addr]; e != nil && e.local != l {
-			e.local = l
+		e := p.eps[addr]
+		switch {
+		case e == nil:
+		case e.local == l:
+			e.localChanged = false
+		case !e.localChanged:
+			e.localChanged = true // at the next read, if it holds
+		default:
+			e.local, e.localChanged = l, false
 			p.dirty = true
 			p.cfg.Logger.Info("endpoint locality changed", "addr", addr, "local", l)
 		}

@@ -644,15 +644,17 @@ func TestRunQuietInterval(t *testing.T) {
 }
 
 // An endpoint that becomes local after the pool was made (the node's
-// address configured after the proxy started) is found within localEvery
-// (30s) by the probe loop, and preferred; one that stops being local
-// loses it the same way.
+// address configured after the proxy started) is found by the probe
+// loop at the second of its reads, every localEvery (30s), that says so,
+// and preferred; one that stops being local loses it the same way; an
+// answer that changes for one read only changes nothing.
 func TestRunFindsLocalEndpointsAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var local atomic.Value
 		local.Store("")
+		var asked atomic.Int64
 		p := newPool(t, upstream.Config{Prober: newProbeLog(nil), Interval: time.Second, Rise: 1,
-			IsLocal: func(h string) bool { return h == local.Load().(string) }})
+			IsLocal: func(h string) bool { asked.Add(1); return h == local.Load().(string) }})
 		var events []ev
 		var mu sync.Mutex
 		p.Subscribe(func(e upstream.Event) {
@@ -671,19 +673,41 @@ func TestRunFindsLocalEndpointsAgain(t *testing.T) {
 		if before[0] == "10.0.0.1:6443" {
 			other = "10.0.0.2"
 		}
+		isLocal := func() bool { return statusOf(t, p, other+":6443").Local }
+		// nextRead advances to just after the probe loop's next read of
+		// locality (IsLocal asked for both endpoints), and returns when
+		// it came.
+		nextRead := func() time.Duration {
+			began, n := time.Now(), asked.Load()
+			for asked.Load() < n+2 {
+				advance(100 * time.Millisecond)
+			}
+			return time.Since(began)
+		}
 
 		local.Store(other)
-		advance(20 * time.Second)
-		assert.False(t, statusOf(t, p, other+":6443").Local, "asked again before 30s")
-		advance(15 * time.Second)
-		assert.True(t, statusOf(t, p, other+":6443").Local)
+		took := nextRead()
+		assert.GreaterOrEqual(t, took, 20*time.Second, "the first read comes 30s after Run began")
+		assert.False(t, isLocal(), "one read said so")
+		local.Store("") // gone again before the next read
+		took = nextRead()
+		assert.InDelta(t, 30*time.Second, took, float64(6*time.Second), "reads every 30s")
+		assert.False(t, isLocal(), "it did not hold")
+
+		local.Store(other)
+		nextRead()
+		assert.False(t, isLocal())
+		nextRead()
+		assert.True(t, isLocal(), "two reads in a row")
 		assert.Equal(t, []string{other + ":6443"}, preferredOf(p), "the local endpoint is preferred")
 		mu.Lock()
 		assert.Contains(t, events, ev{upstream.EventPreferred, other + ":6443", before[0], upstream.StateHealthy})
 		mu.Unlock()
 
 		local.Store("")
-		advance(35 * time.Second)
-		assert.False(t, statusOf(t, p, other+":6443").Local)
+		nextRead()
+		assert.True(t, isLocal())
+		nextRead()
+		assert.False(t, isLocal())
 	})
 }
