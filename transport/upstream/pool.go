@@ -104,9 +104,12 @@ type Config struct {
 	// are preferred after local ones. If empty, zones are ignored.
 	Zone string
 	// IsLocal reports whether a host (IP address or name, without port) is
-	// this machine. If nil, IP addresses assigned to this host's interfaces
-	// count as local, as they are every 30s. Run asks it again for every
-	// endpoint that often.
+	// this machine. If nil, IP addresses assigned to this host's
+	// interfaces count as local (not those of kube-ipvs0, kube-proxy's
+	// ClusterIPs), as they are when Run reads them again. Run, with a
+	// Prober, asks it again for every endpoint every 30s, between two
+	// rounds of probes: it must return quickly. An answer that changed
+	// counts once two of those in a row agree.
 	IsLocal func(host string) bool
 	// Logger receives state changes (V(0)) and probe results (V(4)). The
 	// zero value discards.
