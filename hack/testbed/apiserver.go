@@ -176,6 +176,18 @@ func (s *APIServer) Readyz(ctx context.Context) error {
 	return s.readyz(ctx, s.bed.probe)
 }
 
+// readyWithin asks /readyz every 100ms until it answers 200, for up to d.
+func (s *APIServer) readyWithin(ctx context.Context, d time.Duration) error {
+	return poll(ctx, d, "/readyz not ok", func(ctx context.Context) (bool, error) {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := s.Readyz(pctx); err != nil {
+			return false, err
+		}
+		return true, nil
+	})
+}
+
 // readyz asks /readyz through probe.
 func (s *APIServer) readyz(ctx context.Context, probe *http.Client) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/readyz", nil)

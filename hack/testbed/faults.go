@@ -238,7 +238,7 @@ func (b *Bed) Heal(ctx context.Context) error {
 		case s.CertFault() != "":
 			errs = append(errs, s.RestartGoodCert(ctx))
 		case !s.Running():
-			errs = append(errs, s.Restart(ctx))
+			errs = append(errs, b.startAgain(ctx, s, s.Restart(ctx)))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -247,9 +247,34 @@ func (b *Bed) Heal(ctx context.Context) error {
 	var want []string
 	for _, s := range b.APIServers() {
 		want = append(want, s.Addr())
-		if err := s.Readyz(ctx); err != nil {
-			return fmt.Errorf("%s: %w", s.Name(), err)
+		if err := s.readyWithin(ctx, healReadyWait); err != nil {
+			if err := b.startAgain(ctx, s, fmt.Errorf("%s: %w", s.Name(), err)); err != nil {
+				return err
+			}
 		}
 	}
 	return b.WaitEndpoints(ctx, want, 60*time.Second)
+}
+
+// healReadyWait is how long Heal waits for a running apiserver that does
+// not answer /readyz with 200 before it starts it again.
+const healReadyWait = 10 * time.Second
+
+// startAgain, after err (nil: nothing to do) from a start of s or a wait
+// for it to be ready, kills s and starts it once more, if it runs: an
+// apiserver started while the machine was starved can stay unready for
+// minutes (its start-up hooks timed out), and every later heal would fail
+// on it.
+func (b *Bed) startAgain(ctx context.Context, s *APIServer, err error) error {
+	if err == nil || !s.Running() || ctx.Err() != nil {
+		return err
+	}
+	b.logf("%s runs but is not ready (%v): killing it and starting it again", s.Name(), err)
+	if kerr := s.Kill(); kerr != nil {
+		return fmt.Errorf("%w; killing it: %w", err, kerr)
+	}
+	if rerr := s.Restart(ctx); rerr != nil {
+		return fmt.Errorf("%w; started again: %w", err, rerr)
+	}
+	return nil
 }

@@ -435,6 +435,31 @@ func TestSmoke(t *testing.T) {
 		}
 	})
 
+	// An apiserver that runs but is not ready (one started on a starved
+	// machine can stay so for minutes) fails no heal: Heal starts it
+	// again. Stopped from outside (SIGSTOP, not Hang: Heal does not
+	// resume it), it answers nothing.
+	t.Run("a running apiserver that is not ready is started again by Heal", func(t *testing.T) {
+		s := servers[2]
+		pid := s.PID()
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Kill(pid, syscall.SIGCONT) // if Heal left it
+		began := time.Now()
+		if err := bed.Heal(ctx); err != nil {
+			t.Fatalf("Heal with %s stopped: %v", s.Name(), err)
+		}
+		if s.PID() == pid {
+			t.Fatalf("%s (pid %d) was not started again", s.Name(), pid)
+		}
+		t.Logf("fact: Heal started %s again and it was ready %s later", s.Name(), time.Since(began).Round(time.Millisecond))
+		cs := freshClient(t, bed, s, 10*time.Second)
+		if _, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			t.Fatalf("a GET from %s after Heal: %v", s.Name(), err)
+		}
+	})
+
 	t.Run("add and remove", func(t *testing.T) {
 		began := time.Now()
 		added, err := bed.AddAPIServer(ctx)
