@@ -12,8 +12,8 @@ import (
 
 // The addresses kube-proxy's IPVS mode puts on kube-ipvs0 (every
 // ClusterIP, the kubernetes Service's among them) are not local; those of
-// other interfaces are. In a network namespace of the test's own, with a
-// kube-ipvs0 made as kube-proxy makes it (a dummy interface).
+// other interfaces are. In a network namespace of the test's own, with an
+// interface named kube-ipvs0.
 func TestHostAddrsLeaveOutKubeIPVS(t *testing.T) {
 	if unix.Geteuid() != 0 {
 		t.Skip("making interfaces needs root")
@@ -33,9 +33,11 @@ func TestHostAddrsLeaveOutKubeIPVS(t *testing.T) {
 		ns := fmt.Sprintf("/proc/%d/task/%d/ns/net", unix.Getpid(), unix.Gettid())
 		for _, args := range [][]string{
 			{"link", "set", "lo", "up"},
-			{"link", "add", "kube-ipvs0", "type", "dummy"},
+			// kube-proxy makes a dummy; the name is what counts, and not
+			// every kernel has the dummy driver: a veth pair.
+			{"link", "add", "kube-ipvs0", "type", "veth", "peer", "name", "ipvs-peer"},
 			{"addr", "add", "10.96.0.1/32", "dev", "kube-ipvs0"},
-			{"link", "add", "eth0", "type", "dummy"},
+			{"link", "add", "eth0", "type", "veth", "peer", "name", "eth0-peer"},
 			{"addr", "add", "192.0.2.10/24", "dev", "eth0"},
 		} {
 			if out, err := exec.Command("nsenter", append([]string{"--net=" + ns, "ip"}, args...)...).CombinedOutput(); err != nil {
