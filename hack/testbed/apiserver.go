@@ -176,18 +176,6 @@ func (s *APIServer) Readyz(ctx context.Context) error {
 	return s.readyz(ctx, s.bed.probe)
 }
 
-// readyWithin asks /readyz every 100ms until it answers 200, for up to d.
-func (s *APIServer) readyWithin(ctx context.Context, d time.Duration) error {
-	return poll(ctx, d, "/readyz not ok", func(ctx context.Context) (bool, error) {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		if err := s.Readyz(pctx); err != nil {
-			return false, err
-		}
-		return true, nil
-	})
-}
-
 // readyz asks /readyz through probe.
 func (s *APIServer) readyz(ctx context.Context, probe *http.Client) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/readyz", nil)
@@ -220,11 +208,16 @@ func failedChecks(body string) string {
 	return strings.Join(failed, "; ")
 }
 
-// waitReady polls /readyz until it answers 200. It fails at once, with
-// the log tail, when the process exits.
+// waitReady polls /readyz until it answers 200, for up to the bed's
+// readyTimeout. It fails at once, with the log tail, when the process
+// exits.
 func (s *APIServer) waitReady(ctx context.Context) error {
+	return s.waitReadyWithin(ctx, s.bed.readyTimeout)
+}
+
+// waitReadyWithin is waitReady for up to timeout.
+func (s *APIServer) waitReadyWithin(ctx context.Context, timeout time.Duration) error {
 	proc := s.current()
-	timeout := s.bed.readyTimeout
 	err := poll(ctx, timeout, fmt.Sprintf("kube-apiserver at %s not ready", s.host), func(ctx context.Context) (bool, error) {
 		if done, _ := proc.exited(); done {
 			return false, stopPolling(proc.exitedError())

@@ -247,7 +247,7 @@ func (b *Bed) Heal(ctx context.Context) error {
 	var want []string
 	for _, s := range b.APIServers() {
 		want = append(want, s.Addr())
-		if err := s.readyWithin(ctx, healReadyWait); err != nil {
+		if err := s.waitReadyWithin(ctx, healReadyWait); err != nil {
 			if err := b.startAgain(ctx, s, fmt.Errorf("%s: %w", s.Name(), err)); err != nil {
 				return err
 			}

@@ -197,10 +197,11 @@ func (a *loAddrs) removeAll() error {
 	return errors.Join(errs...)
 }
 
-// canSetGroups reports whether this process may start children under
-// another group: root in the initial user namespace. Root mapped into a
-// user namespace (ReexecInNetns as non-root) has only its own ids.
-func canSetGroups() bool {
+// MachineRoot reports whether this process is root in the initial user
+// namespace: it may start children under another group or user, and make
+// cgroups. Root mapped into a user namespace (ReexecInNetns as non-root)
+// has only its own ids.
+func MachineRoot() bool {
 	if os.Geteuid() != 0 {
 		return false
 	}
