@@ -14,8 +14,7 @@ import (
 // on this host (Pool.refreshLocal): a proxy started before the node's
 // address was configured (a static pod, a unit ordered early in boot), or
 // a node whose address changed, learns that its own API server is local.
-// A variable for the tests.
-var localEvery = 30 * time.Second
+const localEvery = 30 * time.Second
 
 // localAddrs answers whether an IP address belongs to this host, from
 // the interface addresses it read last (read).
