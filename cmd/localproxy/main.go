@@ -129,10 +129,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		"zone", cfg.Pool.Zone, "zoneFromNode", cfg.NodeName, "gomaxprocs", procs, "loopbackCongestionControl", p.LoopbackCongestionControl())
 	if e := o.exporter; e != nil {
 		e.pool, e.log = p.Pool(), log.WithName("export")
-		ctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); e.run(ctx) }()
-		defer func() { cancel(); <-done }()
+		defer background(ctx, e.run)()
 	}
 	sd, err := newSDNotifier(getenv, os.Getpid())
 	if err != nil {
@@ -142,16 +139,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		defer sd.close()
 		log.Info("notifying systemd", "watchdog", sd.watchdog)
 		// Ends with Run too, should it fail before the signal.
-		sdCtx, stopSD := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); sd.run(sdCtx, p, log.WithName("systemd")) }()
-		defer func() { stopSD(); <-done }()
+		defer background(ctx, func(ctx context.Context) { sd.run(ctx, p, log.WithName("systemd")) })()
 	}
 	if err := p.Run(ctx); err != nil {
 		log.Error(err, "localproxy failed")
 		return exitError
 	}
 	return exitOK
+}
+
+// background runs f on a goroutine until ctx ends or the returned stop
+// is called; stop waits for f to return.
+func background(ctx context.Context, f func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); f(ctx) }()
+	return func() { cancel(); <-done }
 }
 
 // printErrors prints each of the errors joined in err on its own line.
