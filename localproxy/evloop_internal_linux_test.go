@@ -1,8 +1,10 @@
 package localproxy
 
 import (
+	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -444,6 +446,59 @@ func TestLoopTally(t *testing.T) {
 	tl.add(toUpstream, 1, "10.0.0.1:6443")
 	require.Equal(t, [2]int{6, 40}, tl.bytes)
 	require.Equal(t, []string{"10.0.0.1:6443", "10.0.0.2:6443"}, tl.up, "each upstream written to, once")
+}
+
+// After a round of events that passed a request upstream, the poller
+// has its tally counted at once: the request wakes its server's held
+// connection (Proxy.wrote). The rounds of an answer, and of the window
+// updates its client sends back, are counted only tallyEvery after the
+// last count (or before the poller waits quiet, run).
+func TestLoopCountsRequestsAtOnceAndAnswersInBatches(t *testing.T) {
+	clientFD, client := connectedFD(t)
+	upFD, upstream := connectedFD(t)
+	p, poll, c := loopConn(t, clientFD, upFD, upstream, false)
+	var counts []loopTally
+	poll.count = func(tl *loopTally) {
+		counts = append(counts, loopTally{bytes: tl.bytes, up: slices.Clone(tl.up)})
+		p.count(tl)
+	}
+	addr := upstream.LocalAddr().String()
+	buf := make([]byte, 64<<10)
+	start := time.Now()
+	// round is one round of events at start+at: n bytes from src's far
+	// end through direction side, read at dst's.
+	round := func(at time.Duration, side, n int) {
+		t.Helper()
+		src, dst, fd := client, upstream, clientFD
+		if side == toClient {
+			src, dst, fd = upstream, client, upFD
+		}
+		_, err := src.Write(make([]byte, n))
+		require.NoError(t, err)
+		awaitFD(t, fd, unix.POLLIN)
+		poll.now, poll.seen = start.Add(at), stepsSeen{} // as run and plan set them
+		c.step(side, stepReadable)
+		_, err = io.ReadFull(dst, buf[:n])
+		require.NoError(t, err)
+		poll.countRound(poll.now)
+	}
+
+	round(0, toUpstream, 200) // a request
+	require.Equal(t, []loopTally{{bytes: [2]int{200, 0}, up: []string{addr}}}, counts, "the request's round was not counted at once")
+	ms := time.Millisecond
+	round(5*ms, toClient, 4096)                      // its answer's first part
+	round(5*ms+100*time.Microsecond, toUpstream, 48) // the client's window update
+	round(6*ms, toClient, 4096)
+	require.Len(t, counts, 1, "an answer's rounds were counted within tallyEvery of the last count")
+	round(tallyEvery, toClient, 1000)
+	require.Len(t, counts, 2, "nothing counted tallyEvery after the last count")
+	require.Equal(t, loopTally{bytes: [2]int{48, 9192}, up: []string{addr}}, counts[1])
+	round(tallyEvery+ms, toClient, 10)
+	round(tallyEvery+3*ms, toUpstream, 200) // the next request
+	require.Len(t, counts, 3, "the next request's round was not counted at once")
+	require.Equal(t, loopTally{bytes: [2]int{200, 10}, up: []string{addr}}, counts[2])
+	require.Equal(t, 448.0, counterValue(p.bytesIn), "bytes in")
+	require.Equal(t, 9202.0, counterValue(p.bytesOut), "bytes out")
 }
 
 // The poller keeps loopBufs empty copy buffers for its reads, the last
