@@ -123,33 +123,38 @@ type poller struct {
 	// kept until steps write again, but that a round of control frames
 	// alone turns a late answer into nothing awaited: the poller holds
 	// for an answer or a request due soon, or parks at once for a late
-	// answer (planWait); a round whose steps passed a request upstream
-	// has the tally counted at once (countRound). Only run and what it
-	// calls use them.
+	// answer (planWait). Only run and what it calls use them.
 	now   time.Time
 	seen  stepsSeen
 	await awaited
 	// tally is what the steps wrote since it was last counted, count
 	// what counts it (Proxy.count; nil: nothing does), counted when it
-	// was last counted (countTally): after a round of events that passed
-	// a request upstream, or tallyEvery after the last count; before
-	// the poller waits quiet (parked, or in a system call); before a
-	// step closes its connection; and when run returns.
+	// was last counted, and asked whether the steps since passed a
+	// request upstream (noteWrite). It is counted (countTally) after a
+	// round of events that passed a request, or in the first round
+	// that ends tallyEvery or more after the last count (countRound);
+	// before the poller waits in Go's poller or in a system call; before
+	// a step closes its connection; and when run returns.
 	tally   loopTally
 	count   func(*loopTally)
 	counted time.Time
+	asked   bool
 }
 
-// tallyEvery is how long the poller, busy, may leave what its steps wrote
+// tallyEvery is how long the poller, busy, leaves what its steps wrote
 // uncounted (poller.tally) when they passed no request upstream: the
 // bytes of answers, and the window updates their clients send back, are
-// counted with the next request or within tallyEvery, not after every
-// round of events (a LIST's answer comes in a round per 4 KiB or so,
-// each followed by the client's window update: counting each round cost
-// 3% of the proxy's CPU per LIST in make bench). A request is counted at
-// once: its server's held connection is to be PINGed within
-// PingInterval (Proxy.wrote), 250ms by default; a window update's count
-// wakes it only after a request did, and no later than tallyEvery.
+// counted with the next request, or in the first round of events
+// tallyEvery or more after the last count (the rounds of a busy poller
+// come at least every pollerAwait: within 18ms, then), not after every
+// round (a LIST's answer comes in a round per 4 KiB or so, each followed
+// by the client's window update: counting each round cost 3% of the
+// proxy's CPU per LIST in make bench). A request is counted at once:
+// its server's held connection is to be PINGed within PingInterval
+// (Proxy.wrote), 250ms by default. What answerClock takes for a control
+// frame is not a request here either: a window update, or a small
+// request sent within controlGap of its connection's last answer bytes,
+// wakes the held connection within 18ms.
 const tallyEvery = 10 * time.Millisecond
 
 // stepsSeen is what the loop's steps wrote since the poller last planned
@@ -471,8 +476,8 @@ func (p *poller) run() {
 				how = waitSyscall
 			}
 			if how != waitHeld {
-				// Quiet: no round of events counts it until the next
-				// event.
+				// A wait of unbounded length, or (oneP) one the runtime
+				// sees: no round counts the tally until it ends.
 				p.countTally()
 			}
 			if how == waitPark {
@@ -533,7 +538,7 @@ func (p *poller) plan(now, lastEvent, yielded time.Time) (how waitHow, ms int, y
 // (poller.tally). A loop that waits in Go's poller counts after every
 // round: it does not plan its waits.
 func (p *poller) countRound(now time.Time) {
-	if !p.blocking || p.seen.fastAsk || p.seen.slowAsk || now.Sub(p.counted) >= tallyEvery {
+	if !p.blocking || p.asked || now.Sub(p.counted) >= tallyEvery {
 		p.countTally()
 	}
 }
@@ -541,7 +546,7 @@ func (p *poller) countRound(now time.Time) {
 // countTally has the steps' tally counted (poller.count), if there is
 // something to count.
 func (p *poller) countTally() {
-	p.counted = p.now
+	p.counted, p.asked = p.now, false
 	if p.count != nil && (p.tally.bytes != [2]int{} || len(p.tally.up) > 0) {
 		p.count(&p.tally)
 	}
@@ -563,9 +568,9 @@ func (p *poller) noteWrite(what wroteWhat) {
 	case wroteAnswerAskedSoon:
 		p.seen.answer = true
 	case wroteSlowAsk:
-		p.seen.slowAsk = true
+		p.seen.slowAsk, p.asked = true, true
 	case wroteFastAsk:
-		p.seen.fastAsk = true
+		p.seen.fastAsk, p.asked = true, true
 	}
 }
 

@@ -476,13 +476,15 @@ func TestLoopCountsRequestsAtOnceAndAnswersInBatches(t *testing.T) {
 		_, err := src.Write(make([]byte, n))
 		require.NoError(t, err)
 		awaitFD(t, fd, unix.POLLIN)
-		poll.now, poll.seen = start.Add(at), stepsSeen{} // as run and plan set them
+		poll.now = start.Add(at) // as run sets it
 		c.step(side, stepReadable)
+		require.NoError(t, dst.SetReadDeadline(time.Now().Add(5*time.Second)))
 		_, err = io.ReadFull(dst, buf[:n])
 		require.NoError(t, err)
 		poll.countRound(poll.now)
 	}
 
+	poll.counted = start      // as if the poller had just counted
 	round(0, toUpstream, 200) // a request
 	require.Equal(t, []loopTally{{bytes: [2]int{200, 0}, up: []string{addr}}}, counts, "the request's round was not counted at once")
 	ms := time.Millisecond
