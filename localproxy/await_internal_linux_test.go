@@ -180,9 +180,10 @@ func TestParkDisarmsTheGate(t *testing.T) {
 		} else { // it comes while the poller is parked
 			time.AfterFunc(20*time.Millisecond, func() { unix.Write(fds[1], []byte{1}) })
 		}
-		n, err := poll.park(events, time.Now().Add(10*time.Second))
+		n, left, err := poll.park(events, time.Now().Add(10*time.Second))
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "parked %v: the pipe's event was not found", parked)
+		require.Equal(t, parked, left, "park says whether the goroutine left its P")
 
 		unix.Write(fds[1], []byte{1}) // the busy poller's next event
 		got := make([]unix.EpollEvent, 1)
@@ -210,7 +211,7 @@ func TestParkDoesNotAllocate(t *testing.T) {
 			if !fixed {
 				until = time.Now().Add(10 * time.Second)
 			}
-			if n, err := poll.park(events, until); n != 1 || err != nil {
+			if n, _, err := poll.park(events, until); n != 1 || err != nil {
 				t.Fatalf("park = %d, %v; want the pipe's event", n, err)
 			}
 			unix.Read(fds[0], buf)
@@ -218,8 +219,8 @@ func TestParkDoesNotAllocate(t *testing.T) {
 		require.Zero(t, found, "allocations per park that found an event (the same deadline each time: %v)", fixed)
 	}
 	timedOut := testing.AllocsPerRun(5, func() {
-		if n, err := poll.park(events, time.Now().Add(time.Millisecond)); n != 0 || err != nil {
-			t.Fatalf("park = %d, %v; want its deadline", n, err)
+		if n, parked, err := poll.park(events, time.Now().Add(time.Millisecond)); n != 0 || !parked || err != nil {
+			t.Fatalf("park = %d, %v, %v; want its deadline, parked until it", n, parked, err)
 		}
 	})
 	require.Zero(t, timedOut, "allocations per park that reached its deadline")
