@@ -81,9 +81,6 @@ type poller struct {
 	lookIn  []unix.EpollEvent
 	lookN   int
 	lookErr error
-	// looks counts park's looks: more than one, the goroutine parked
-	// between them.
-	looks int
 	// gateUntil is the gate's read deadline as park last set it: set
 	// again only when it changes (a quiet poller with no loop timer parks
 	// with none, again and again).
@@ -466,7 +463,6 @@ func (p *poller) run() {
 			yield(now)
 			now = time.Now()
 		}
-		parked := false
 		switch {
 		case len(p.again) > 0:
 			// More to copy: look for events without waiting.
@@ -485,7 +481,7 @@ func (p *poller) run() {
 				p.countTally()
 			}
 			if how == waitPark {
-				n, parked, werr = p.park(events, p.timers.next())
+				n, werr = p.park(events, p.timers.next())
 			} else {
 				n, werr = p.wait(events, timeout, how)
 			}
@@ -499,14 +495,6 @@ func (p *poller) run() {
 		}
 		now = time.Now()
 		p.now = now
-		if parked {
-			// The goroutine went through the scheduler, as a yield
-			// takes it: its P's scheduling tick moved on, and the
-			// other goroutines ran meanwhile. Another yield at once,
-			// as the wait that parked was likely pollerYield after the
-			// last, would cost a pass of the scheduler for nothing.
-			yielded = now
-		}
 		for _, ev := range events[:n] {
 			key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
 			if key == 0 {
@@ -619,18 +607,14 @@ func epollPwait(epfd int, events []unix.EpollEvent, timeout int, how waitHow) (i
 // park waits for events, until until if it is not zero, with the
 // goroutine parked in Go's poller: it arms the gate, looks for events
 // without waiting, and if there are none leaves the P until the gate is
-// readable or until passes, then disarms the gate. parked: the goroutine
-// did leave its P (the look found nothing).
-func (p *poller) park(events []unix.EpollEvent, until time.Time) (n int, parked bool, err error) {
+// readable or until passes, then disarms the gate.
+func (p *poller) park(events []unix.EpollEvent, until time.Time) (int, error) {
 	if p.gateDeadline(until) != nil || p.armGate(unix.EPOLLIN|unix.EPOLLONESHOT) != 0 {
-		n, err = p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
-		return n, false, err
+		return p.wait(events, p.timers.timeout(time.Now()), waitSyscall)
 	}
-	p.lookIn, p.looks = events, 0
-	rerr := p.gateRC.Read(p.look)
+	p.lookIn = events
+	err := p.gateRC.Read(p.look)
 	n, werr := p.lookN, p.lookErr
-	// One look that found nothing, then the deadline: parked until it.
-	parked = p.looks > 1 || p.looks == 1 && rerr != nil
 	p.lookIn, p.lookN, p.lookErr = nil, 0, nil
 	// Disarmed again, whether it fired or not: the kernel disarms a
 	// one-shot entry only when it reports it, and the events it fired for
@@ -639,12 +623,12 @@ func (p *poller) park(events []unix.EpollEvent, until time.Time) (n int, parked 
 	// Events that come meanwhile are found by the next park's look.
 	p.armGate(unix.EPOLLONESHOT)
 	switch {
-	case errors.Is(rerr, os.ErrDeadlineExceeded):
-		return 0, parked, nil // a timer's due
-	case rerr != nil:
-		return 0, parked, rerr
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return 0, nil // a timer's due
+	case err != nil:
+		return 0, err
 	}
-	return n, parked, werr
+	return n, werr
 }
 
 // gateDeadline sets the gate's read deadline to until, unless it is set
@@ -663,7 +647,6 @@ func (p *poller) gateDeadline(until time.Time) error {
 // lookOnce is park's look (poller.look): the events there are, without
 // waiting; true if there are some, or the wait failed.
 func (p *poller) lookOnce(uintptr) bool {
-	p.looks++
 	p.lookN, p.lookErr = p.wait(p.lookIn, 0, waitHeld)
 	return p.lookN > 0 || p.lookErr != nil
 }
