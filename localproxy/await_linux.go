@@ -547,7 +547,7 @@ func (p *poller) countRound(now time.Time) {
 // something to count.
 func (p *poller) countTally() {
 	p.counted, p.asked = p.now, false
-	if p.count != nil && (p.tally.bytes != [2]int{} || len(p.tally.up) > 0) {
+	if p.count != nil && p.tally.bytes != [2]int{} { // up only with bytes upstream
 		p.count(&p.tally)
 	}
 }
