@@ -192,6 +192,30 @@ func TestFillRatios(t *testing.T) {
 	}
 }
 
+// The spread of the rounds' CPU ratios pairs each round with HAProxy's
+// same round; a round without a figure, or rounds that do not pair,
+// give none.
+func TestFillRatiosRounds(t *testing.T) {
+	rows := []OverheadRow{
+		{Op: opList, Path: pathHAProxy, ProxyCPUMicros: 300, ProxyCPURounds: []float64{200, 400, 300}},
+		{Op: opList, Path: pathLocalProxy, ProxyCPUMicros: 300, ProxyCPURounds: []float64{300, 300, 300}},
+		{Op: opList, Path: pathNginx, ProxyCPUMicros: 300, ProxyCPURounds: []float64{300, 0, 300}},
+		{Op: opList, Path: pathDirect, ProxyCPURounds: []float64{300, 300}},
+	}
+	fillRatios(rows)
+	if got, want := rows[1].CPUVsHAProxyRounds, [2]float64{0.75, 1.5}; got != want {
+		t.Errorf("rounds' spread %v, want %v", got, want)
+	}
+	if got := rows[0].CPUVsHAProxyRounds; got != [2]float64{1, 1} {
+		t.Errorf("HAProxy's own spread %v, want [1 1]", got)
+	}
+	for _, i := range []int{2, 3} {
+		if got := rows[i].CPUVsHAProxyRounds; got != [2]float64{} {
+			t.Errorf("%s: spread %v without every round paired, want none", rows[i].Path, got)
+		}
+	}
+}
+
 func TestFirstGetElsewhere(t *testing.T) {
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }

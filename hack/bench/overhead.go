@@ -95,6 +95,13 @@ type OverheadRow struct {
 	// CPUVsHAProxy is ProxyCPUMicros against HAProxy's for the same op in
 	// the same run (0: unknown).
 	CPUVsHAProxy float64 `json:"proxy_cpu_vs_haproxy,omitempty"`
+	// ProxyCPURounds is ProxyCPUMicros of each round alone, in round
+	// order; CPUVsHAProxyRounds the lowest and highest of the rounds'
+	// ratios against HAProxy's figure of the same round: how far one
+	// round's ratio strays from the run's on this machine, i.e. whether
+	// a ratio near 1 is within the noise (zero: unknown).
+	ProxyCPURounds     []float64  `json:"proxy_cpu_us_per_round,omitempty"`
+	CPUVsHAProxyRounds [2]float64 `json:"proxy_cpu_vs_haproxy_rounds_min_max,omitzero"`
 	// IdleCPUms is the proxy's CPU use at rest: milliseconds per second.
 	IdleCPUms float64 `json:"proxy_idle_cpu_ms_per_s,omitempty"`
 	Error     string  `json:"error,omitempty"`
@@ -346,10 +353,16 @@ func summarize(op, path string, s sample) OverheadRow {
 	if s.wall > 0 {
 		r.PerSec = round(float64(len(lat))/s.wall.Seconds(), 1)
 	}
-	if s.cpu > 0 && len(lat) > 0 {
-		r.ProxyCPUMicros = round(float64(s.cpu.Microseconds())/float64(len(lat)), 1)
-	}
+	r.ProxyCPUMicros = cpuPerRequest(s)
 	return r
+}
+
+// cpuPerRequest is s's proxy CPU per request answered, in µs; 0 for none.
+func cpuPerRequest(s sample) float64 {
+	if s.cpu <= 0 || len(s.lat) == 0 {
+		return 0
+	}
+	return round(float64(s.cpu.Microseconds())/float64(len(s.lat)), 1)
 }
 
 // fillRatios sets every row's ratios against the direct path's row of the
@@ -357,16 +370,19 @@ func summarize(op, path string, s sample) OverheadRow {
 func fillRatios(rows []OverheadRow) {
 	base := make(map[string]OverheadRow)
 	haproxy := make(map[string]float64)
+	haproxyRounds := make(map[string][]float64)
 	for _, r := range rows {
 		switch r.Path {
 		case pathDirect:
 			base[r.Op] = r
 		case pathHAProxy:
 			haproxy[r.Op] = r.ProxyCPUMicros
+			haproxyRounds[r.Op] = r.ProxyCPURounds
 		}
 	}
 	for i, r := range rows {
 		rows[i].CPUVsHAProxy = ratio(r.ProxyCPUMicros, haproxy[r.Op])
+		rows[i].CPUVsHAProxyRounds = roundRatios(r.ProxyCPURounds, haproxyRounds[r.Op])
 		b, ok := base[r.Op]
 		if !ok {
 			continue
@@ -375,6 +391,24 @@ func fillRatios(rows []OverheadRow) {
 		rows[i].P99Ratio = ratio(r.P99ms, b.P99ms)
 		rows[i].PerSecRatio = ratio(r.PerSec, b.PerSec)
 	}
+}
+
+// roundRatios is the lowest and highest of the ratios of a's rounds to
+// b's rounds of the same number; zero unless both have every round, each
+// with a figure.
+func roundRatios(a, b []float64) [2]float64 {
+	if len(a) == 0 || len(a) != len(b) {
+		return [2]float64{}
+	}
+	lo, hi := math.Inf(1), 0.0
+	for i := range a {
+		r := ratio(a[i], b[i])
+		if r == 0 {
+			return [2]float64{}
+		}
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	return [2]float64{lo, hi}
 }
 
 func ratio(a, b float64) float64 {
@@ -407,9 +441,11 @@ func (oc *overheadClient) round(ctx context.Context, cfg overheadConfig, got fun
 }
 
 func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overheadConfig, say func(string, ...any)) []OverheadRow {
-	acc := make(map[string]map[string]*sample) // op -> path -> samples
+	acc := make(map[string]map[string]*sample)      // op -> path -> samples
+	rounds := make(map[string]map[string][]float64) // op -> path -> CPU µs per request of each round
 	for _, op := range overheadOps {
 		acc[op] = make(map[string]*sample)
+		rounds[op] = make(map[string][]float64)
 		for _, c := range clients {
 			acc[op][c.path.name] = &sample{}
 		}
@@ -423,7 +459,10 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 		began := time.Now()
 		for i := range clients {
 			c := clients[(i+round)%len(clients)]
-			c.round(ctx, cfg, func(op string, got sample) { acc[op][c.path.name].add(got) })
+			c.round(ctx, cfg, func(op string, got sample) {
+				acc[op][c.path.name].add(got)
+				rounds[op][c.path.name] = append(rounds[op][c.path.name], cpuPerRequest(got))
+			})
 		}
 		say("  overhead round %d/%d done in %s", round+1, cfg.Rounds, time.Since(began).Round(time.Millisecond))
 	}
@@ -435,6 +474,9 @@ func measureOverhead(ctx context.Context, clients []*overheadClient, cfg overhea
 				continue
 			}
 			r := summarize(op, c.path.name, *s)
+			if r.ProxyCPUMicros > 0 {
+				r.ProxyCPURounds = rounds[op][c.path.name]
+			}
 			r.latencies = latencyQuantiles(s.lat)
 			if c.path.pids != nil {
 				r.IdleCPUms = round(c.idleRate*1000, 2)

@@ -96,7 +96,7 @@ func (r *Results) markdown() string {
 		c := r.Overhead.Config
 		w("### Overhead")
 		w("")
-		w("Per path: %d sequential GETs of a small ConfigMap, %d more each after a pause of %v, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). direct-again is a second direct client: its ratios show the run's noise. Proxy CPU: CPU time of the proxy processes per request, their use at rest (health checks; localproxy also its EndpointSlice watch) taken off.",
+		w("Per path: %d sequential GETs of a small ConfigMap, %d more each after a pause of %v, %d GETs from %d goroutines, %d LISTs of %d ConfigMaps of %d bytes, %d GETs each on a new connection; in %d interleaved rounds. Ratios against the direct connection in the same run (latency: >1 is slower; req/s: <1 is slower). direct-again is a second direct client: its ratios show the run's noise. Proxy CPU: CPU time of the proxy processes per request, their use at rest (health checks; localproxy also its EndpointSlice watch) taken off; vs haproxy: against HAProxy's for the same op, in brackets the lowest and highest ratio of a single round against HAProxy's in that round (how far one round strays: a ratio within that spread of 1 is not told from HAProxy's on this machine).",
 			c.GetSeq, c.GetSparse, c.SparseGap, c.GetConc, c.Concurrency, c.Lists, c.ListObjects, c.ListBytes, c.NewConn, c.Rounds)
 		w("")
 		if r.Overhead.Error != "" {
@@ -119,8 +119,12 @@ func (r *Results) markdown() string {
 			if o.Error != "" {
 				errNote = " (" + o.Error + ")"
 			}
+			vsHAProxy := fmtRatio(o.CPUVsHAProxy)
+			if lo, hi := o.CPUVsHAProxyRounds[0], o.CPUVsHAProxyRounds[1]; lo > 0 && o.Path != pathHAProxy {
+				vsHAProxy += fmt.Sprintf(" (rounds %.2f-%.2f)", lo, hi)
+			}
 			w("| %s | %s%s | %.2fms | %s | %.2fms | %s | %.0f | %s | %s | %s |", o.Op, o.Path, errNote,
-				o.P50ms, fmtRatio(o.P50Ratio), o.P99ms, fmtRatio(o.P99Ratio), o.PerSec, fmtRatio(o.PerSecRatio), cpu, fmtRatio(o.CPUVsHAProxy))
+				o.P50ms, fmtRatio(o.P50Ratio), o.P99ms, fmtRatio(o.P99Ratio), o.PerSec, fmtRatio(o.PerSecRatio), cpu, vsHAProxy)
 		}
 		w("")
 	}
