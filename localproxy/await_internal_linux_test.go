@@ -45,7 +45,10 @@ func TestPlanWait(t *testing.T) {
 		{"busy, an answer due soon, no gate: held longer", -1, time.Microsecond, 0, false, awaitedSoon, waitHeld, pollerAwaitSlice, false},
 		{"busy, an answer due soon, yielded 500µs ago: held 7ms, to end within pollerAwait of the yield", -1, time.Microsecond, 500 * time.Microsecond, true, awaitedSoon, waitHeld, pollerAwaitSlice - 1, false},
 		{"busy, an answer due soon, a near timer: held until it", 3, time.Microsecond, 0, true, awaitedSoon, waitHeld, 3, false},
-		{"quiet since pollerBusy, an answer due soon: parked", -1, pollerBusy, 0, true, awaitedSoon, waitPark, -1, false},
+		{"quiet since pollerBusy, an answer due soon: held on", -1, pollerBusy, 0, true, awaitedSoon, waitHeld, pollerAwaitSlice, false},
+		{"an answer due soon, the first wait outlasted: held once more after a yield", -1, pollerAwait, pollerAwait, true, awaitedSoon, waitHeld, pollerAwaitSlice, true},
+		{"an answer due soon, not come pollerAwaitHold after the last event: parked", -1, pollerAwaitHold, pollerAwait, true, awaitedSoon, waitPark, -1, false},
+		{"an answer due soon, no gate, not come pollerAwaitHold after the last event: a system call", -1, pollerAwaitHold, pollerAwait, false, awaitedSoon, waitSyscall, -1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var last time.Time
@@ -62,12 +65,17 @@ func TestPlanWait(t *testing.T) {
 	// Whatever the time since the last yield, a busy poller's wait holds
 	// the P no longer than ends before sysmon's slice since its last yield
 	// runs out, an answer due soon or not.
+	// So does a wait held on for an answer due soon after pollerBusy.
 	for _, await := range []awaited{awaitedNothing, awaitedSoon} {
 		for ago := time.Duration(0); ago <= 3*sysmonSlice; ago += 100 * time.Microsecond {
 			for _, timeout := range []int{-1, 1, 7, 9, 50, 2000} {
-				how, got, yield := planWait(timeout, now, now.Add(-time.Microsecond), now.Add(-ago), true, await)
+				event := time.Microsecond
+				if await == awaitedSoon {
+					event = ago % pollerAwaitHold
+				}
+				how, got, yield := planWait(timeout, now, now.Add(-event), now.Add(-ago), true, await)
 				if how != waitHeld || got <= 0 {
-					t.Fatalf("planWait(%d, awaited %d) while busy = %d, %d: not a bounded held wait", timeout, await, how, got)
+					t.Fatalf("planWait(%d, awaited %d, last event %v ago) = %d, %d: not a bounded held wait", timeout, await, event, how, got)
 				}
 				since := ago
 				if yield {

@@ -181,7 +181,8 @@ const (
 	// awaitedSoon: they passed requests upstream, one or more of them
 	// with an answer due within pollerAwait, and nothing back; or bytes
 	// back only to clients whose next requests come within pollerAwait
-	// (answerClock): the poller holds for them, up to pollerAwait.
+	// (answerClock): the poller holds for them, up to pollerAwait at a
+	// time and pollerAwaitHold after the last event.
 	awaitedSoon
 	// awaitedLate: they passed requests upstream whose answers all come
 	// pollerAwait or more later, and nothing back: the poller parks at
@@ -262,7 +263,20 @@ const pollerYield = 8 * time.Millisecond
 //     followed by a park, until its 39-byte requests were told from
 //     control frames (controlGap): 0.18 times since, in a run of 300).
 //     Such a wait ends within pollerAwait of the last yield, so that the
-//     round of events after it has 2ms of sysmon's slice. Those are the
+//     round of events after it has 2ms of sysmon's slice. An answer due
+//     soon that the wait outlasts (a LIST's, in make bench, came 8ms or
+//     more after its request in two of five) is held for once more,
+//     after a yield, until pollerAwaitHold after the last event, and
+//     then the poller parks: parked at once after the first wait, the
+//     loop made 0.45 parks per LIST, each with its gate's two epoll_ctl,
+//     a look, a pass of Go's scheduler and its futex wakeups, where a
+//     second wait costs a wakeup and one of sysmon's. In LIST-only runs
+//     of make bench (1,500 LISTs each), five of each alternated on one
+//     machine, parking after the first wait cost 0.94-1.15× HAProxy's
+//     CPU per LIST (1.05× on average), holding once more 1.01-1.06×
+//     (1.03×): within that machine's noise, but never as far above;
+//     parking at once for every LIST's answer, as for a late one
+//     (below), 1.11-1.17× in three. Those are the
 //     only waits a stop of the world may wait 8ms for, but on a loop
 //     carrying back-to-back LISTs they are most of its waits: its
 //     garbage collector's pauses may last 6-10ms there, as with 8ms
@@ -298,6 +312,7 @@ const (
 	pollerSlice      = 4 // milliseconds, as epoll_wait takes them
 	pollerAwait      = 8 * time.Millisecond
 	pollerAwaitSlice = int(pollerAwait / time.Millisecond)
+	pollerAwaitHold  = 2 * pollerAwait
 )
 
 // waitHow is how the poller waits for events (planWait).
@@ -318,7 +333,8 @@ func planWait(timeout int, now, lastEvent, yielded time.Time, gate bool, await a
 	switch {
 	case timeout == 0:
 		return waitHeld, 0, false
-	case now.Sub(lastEvent) < pollerBusy && !(gate && await == awaitedLate):
+	case now.Sub(lastEvent) < pollerBusy && !(gate && await == awaitedLate),
+		await == awaitedSoon && now.Sub(lastEvent) < pollerAwaitHold:
 		yield = now.Sub(yielded) >= pollerWaitYield
 		slice := pollerSlice
 		if await == awaitedSoon {
