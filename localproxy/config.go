@@ -36,8 +36,9 @@ const (
 	DefaultHalfOpenTimeout = time.Minute
 	DefaultMaxConnections  = 10000
 	DefaultDiscoveryPoll   = 10 * time.Second
-	// DefaultKeepAlive and DefaultUserTimeout apply to client connections;
-	// upstream connections use the endpoint.Dialer defaults.
+	// DefaultKeepAlive and DefaultUserTimeout apply to client connections
+	// not on loopback; upstream connections use the endpoint.Dialer
+	// defaults.
 	DefaultKeepAlive = 5 * time.Second
 	// GracefulDrainTimeout bounds how long connections to an endpoint that
 	// fails /readyz but still answers stay open.
@@ -264,13 +265,18 @@ type Config struct {
 	ProxyProtocol ProxyProtocol
 
 	// KeepAlive is the TCP keepalive idle time and interval of client
-	// connections. If zero, DefaultKeepAlive (5s). If negative, off.
+	// connections that are not on loopback (a pod's, on the node's
+	// address). If zero, DefaultKeepAlive (5s). If negative, off. A
+	// loopback client's socket gets none: its peer cannot vanish unseen.
 	KeepAlive time.Duration
-	// UserTimeout is TCP_USER_TIMEOUT of client connections (Linux). If
-	// zero, DefaultUserTimeout (10s). If negative, the system default.
-	// Since Linux 5.11 it counts a window the peer keeps shut too: a
-	// client that stops reading for that long while the proxy holds data
-	// for it loses its connection, as a dead one does.
+	// UserTimeout is TCP_USER_TIMEOUT of client connections that are not
+	// on loopback (Linux). If zero, DefaultUserTimeout (10s). If
+	// negative, the system default. Since Linux 5.11 it counts a window
+	// the peer keeps shut too: such a client that stops reading for that
+	// long while the proxy holds data for it loses its connection, as a
+	// dead one does. A loopback client's socket gets none, so a loopback
+	// client that stops reading keeps its connection, as it would
+	// connected directly.
 	UserTimeout time.Duration
 	// LoopbackCongestionControl is the TCP congestion control of client
 	// connections on a loopback address (127.0.0.0/8, ::1), set with

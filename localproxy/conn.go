@@ -117,7 +117,7 @@ func (c *conn) clientName() string {
 // (pipe); the connection finishes when both are done.
 func (p *Proxy) serve(ctx context.Context, c *conn) {
 	if !c.tuned {
-		tuneClient(c.client, p.cfg.KeepAlive, p.cfg.UserTimeout, p.loopbackCC(ipOf(c.clientLocal())), p.log)
+		tuneClient(c.client, p.clientOptsFor(ipOf(c.clientLocal())), p.log)
 	}
 	if !p.connect(ctx, c) {
 		c.close()
@@ -445,16 +445,19 @@ func (p *Proxy) closeClient(nc io.Closer, gently bool) {
 	time.AfterFunc(endpoint.OrDefault(p.cfg.clientCloseGrace, clientCloseGrace), done)
 }
 
-// tuneClient enables keepalive and TCP_USER_TIMEOUT on an accepted client
-// connection, and sets its congestion control to cc unless cc is "".
-// Failures leave the connection working with the system defaults, so
+// tuneClient sets o on an accepted client connection: keepalive and
+// TCP_USER_TIMEOUT if o.timeouts, the congestion control unless o.cc is
+// "". Failures leave the connection working with the system defaults, so
 // they are only logged.
-func tuneClient(nc net.Conn, keepAlive, userTimeout time.Duration, cc string, log logr.Logger) {
-	err := endpoint.TuneTCP(nc, keepAlive, userTimeout)
-	if sc, ok := nc.(syscall.Conn); ok && err == nil && cc != "" {
+func tuneClient(nc net.Conn, o clientOpts, log logr.Logger) {
+	var err error
+	if o.timeouts {
+		err = endpoint.TuneTCP(nc, o.keepAlive, o.userTimeout)
+	}
+	if sc, ok := nc.(syscall.Conn); ok && err == nil && o.cc != "" {
 		var rc syscall.RawConn
 		if rc, err = sc.SyscallConn(); err == nil {
-			err = setCongestion(rc, cc)
+			err = setCongestion(rc, o.cc)
 		}
 	}
 	if err != nil {

@@ -282,7 +282,7 @@ func (p *Proxy) takeLoopConn(l *loopListener, fd int, remote *net.TCPAddr) {
 		c.laddr = localAddrRaw(fd)
 	}
 	if !l.tuned {
-		if err := tuneClientFD(fd, p.cfg.KeepAlive, p.cfg.UserTimeout, p.loopbackCC(ipOf(c.clientLocal()))); err != nil {
+		if err := tuneClientFD(fd, p.clientOptsFor(ipOf(c.clientLocal()))); err != nil {
 			p.log.V(2).Info("tuning a client connection failed", "client", c.clientName(), "err", err.Error())
 		}
 	}
@@ -296,17 +296,19 @@ func (p *Proxy) takeLoopConn(l *loopListener, fd int, remote *net.TCPAddr) {
 
 // tuneClientFD is tuneClient of an accepted socket the loop holds, with
 // TCP_NODELAY, which Go's accept would have set.
-func tuneClientFD(fd int, keepAlive, userTimeout time.Duration, cc string) error {
+func tuneClientFD(fd int, o clientOpts) error {
 	if err := setNoDelayFD(fd); err != nil {
 		return err
 	}
-	if err := endpoint.TuneTCPFD(fd, keepAlive, userTimeout); err != nil {
-		return err
+	if o.timeouts {
+		if err := endpoint.TuneTCPFD(fd, o.keepAlive, o.userTimeout); err != nil {
+			return err
+		}
 	}
-	if cc == "" {
+	if o.cc == "" {
 		return nil
 	}
-	return setCongestionFD(fd, cc)
+	return setCongestionFD(fd, o.cc)
 }
 
 // setNoDelayFD sets TCP_NODELAY on the socket fd, as Go does on the

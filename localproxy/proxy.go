@@ -312,20 +312,42 @@ func (p *Proxy) Run(ctx context.Context) error {
 // SystemCongestionControl.
 func (p *Proxy) LoopbackCongestionControl() string { return p.cfg.LoopbackCongestionControl }
 
-// loopbackCC returns the congestion control to set on a client socket
-// whose local address is ip: Config.LoopbackCongestionControl on a
-// loopback address; "" (keep the system's) elsewhere, or with
-// SystemCongestionControl.
-func (p *Proxy) loopbackCC(ip netip.Addr) string {
-	if cc := p.cfg.LoopbackCongestionControl; cc != SystemCongestionControl && ip.Unmap().IsLoopback() {
-		return cc
-	}
-	return ""
+// clientOpts are the socket options of a client connection, by the
+// address it reached (Proxy.clientOptsFor).
+type clientOpts struct {
+	// timeouts: keepAlive and userTimeout are set; false: the socket's
+	// keepalive and TCP_USER_TIMEOUT are left as they are.
+	timeouts               bool
+	keepAlive, userTimeout time.Duration
+	// cc is the congestion control to set; "" keeps the system's.
+	cc string
 }
 
-// errWildcard: a listener on a wildcard address cannot carry a congestion
-// control meant for loopback connections only.
-var errWildcard = errors.New("a wildcard listener: the congestion control of loopback connections is set on each")
+// clientOptsFor returns the options of a client socket whose local
+// address is ip. On a loopback address, Config.LoopbackCongestionControl
+// (unless SystemCongestionControl), and no keepalive or TCP_USER_TIMEOUT:
+// a loopback peer cannot vanish unseen (its kernel is this one, which
+// closes its sockets when it exits), so they would only cut off a client
+// that stops reading for UserTimeout while the proxy holds data for it
+// (since Linux 5.11 a window kept shut counts), where a direct connection
+// or HAProxy keeps it: a kubelet stalled under memory pressure, kubectl
+// -w piped into a pager. Elsewhere (a client in a pod, on the node's
+// address), Config.KeepAlive and UserTimeout, which end a connection
+// whose peer's network or namespace went away, and the system's
+// congestion control.
+func (p *Proxy) clientOptsFor(ip netip.Addr) clientOpts {
+	if !ip.Unmap().IsLoopback() {
+		return clientOpts{timeouts: true, keepAlive: p.cfg.KeepAlive, userTimeout: p.cfg.UserTimeout}
+	}
+	if cc := p.cfg.LoopbackCongestionControl; cc != SystemCongestionControl {
+		return clientOpts{cc: cc}
+	}
+	return clientOpts{}
+}
+
+// errWildcard: a listener on a wildcard address takes loopback clients
+// and others alike, whose options differ (clientOptsFor).
+var errWildcard = errors.New("a wildcard listener: loopback connections and others are tuned apart, each")
 
 // setCongestion sets the congestion control cc on the socket of rc;
 // with cc "", nothing.
@@ -364,24 +386,24 @@ func (p *Proxy) bind(ctx context.Context) ([]net.Listener, net.Listener, error) 
 		var err error
 		if own {
 			// The kernel gives accepted sockets the listener's keepalive,
-			// TCP_USER_TIMEOUT and congestion control: tuneClient is then
-			// not needed.
+			// TCP_USER_TIMEOUT, TCP_NODELAY and congestion control
+			// (clientOptsFor its address): tuneClient is then not needed.
 			var tuned bool
 			ln, tuned, err = listenTuned(ctx, "tcp", a, func(address string, rc syscall.RawConn) error {
-				if err := endpoint.TuneTCPListener(rc, p.cfg.KeepAlive, p.cfg.UserTimeout); err != nil {
-					return err
+				ap, _ := netip.ParseAddrPort(address)
+				if ap.Addr().IsUnspecified() {
+					return errWildcard
+				}
+				o := p.clientOptsFor(ap.Addr())
+				if o.timeouts {
+					if err := endpoint.TuneTCPListener(rc, o.keepAlive, o.userTimeout); err != nil {
+						return err
+					}
 				}
 				if err := setNoDelay(rc); err != nil {
 					return err
 				}
-				ap, _ := netip.ParseAddrPort(address)
-				if ap.Addr().IsUnspecified() && p.loopbackCC(netip.IPv6Loopback()) != "" {
-					// A wildcard listener takes loopback clients and
-					// others alike: the congestion control is set on
-					// each loopback connection, with the rest.
-					return errWildcard
-				}
-				return setCongestion(rc, p.loopbackCC(ap.Addr()))
+				return setCongestion(rc, o.cc)
 			})
 			if err == nil && !tuned {
 				p.log.V(2).Info("the listener does not carry the client connections' socket options; each connection is tuned", "addr", ln.Addr().String())

@@ -4,6 +4,7 @@ package localproxy_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -108,12 +109,14 @@ func systemCC(t *testing.T) (sys, other string) {
 
 // TestSocketOptionsBothSides reads keepalive, TCP_USER_TIMEOUT and the
 // congestion control back from the accepted client socket and the
-// upstream socket of a proxied connection. Both are on loopback here:
-// the client side takes Config.LoopbackCongestionControl, the upstream
-// side keeps the system's.
+// upstream socket of a proxied connection. The client is on the host's
+// address here (one in a pod), not on loopback: it takes Config.KeepAlive
+// and UserTimeout, and keeps the system's congestion control, as the
+// upstream side does (TestClientOptionsByAddress: on loopback, the
+// opposite).
 func TestSocketOptionsBothSides(t *testing.T) {
 	sys, other := systemCC(t)
-	def := localproxy.DefaultLoopbackCongestionControl
+	ip := hostIPv4(t)
 	for _, tc := range []struct {
 		name             string
 		cfg              localproxy.Config
@@ -127,13 +130,13 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			UpstreamKeepAlive: 9 * time.Second, UpstreamUserTimeout: 2500 * time.Millisecond,
 			LoopbackCongestionControl: other,
 		},
-		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, UserTimeout: 1500, NoDelay: true, CC: other},
+		client:   tcpOpts{KeepAlive: true, Idle: 7, Interval: 7, UserTimeout: 1500, NoDelay: true, CC: sys},
 		upstream: tcpOpts{KeepAlive: true, Idle: 9, Interval: 9, UserTimeout: 2500, NoDelay: true, CC: sys},
 	}, {
 		// Go's accept turns keepalive on with 15s by itself: the client
 		// side must be retuned to the proxy's defaults.
 		name:     "defaults",
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: def},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 	}, {
 		// The proxy's own listeners hand their options to the sockets
@@ -141,21 +144,21 @@ func TestSocketOptionsBothSides(t *testing.T) {
 		// keepalive (15s) itself, so each connection is tuned after it.
 		name:     "caller's listener",
 		cfg:      localproxy.Config{Listen: plainListen, LoopbackCongestionControl: other},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: other},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 	}, {
 		// Given to the proxy (as systemd's sockets are): the loop
 		// accepts on it, and tunes each connection itself.
 		name:     "caller's listener, owned",
 		cfg:      localproxy.Config{Listen: plainListen, ListenersOwned: true, LoopbackCongestionControl: other},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: other},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys},
 		onLoop:   true,
 	}, {
 		// Without TCP_USER_TIMEOUT, the probes' count ends a connection.
 		name:     "keepalive alone",
 		cfg:      localproxy.Config{UserTimeout: -1, UpstreamUserTimeout: -1},
-		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true, CC: def},
+		client:   tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true, CC: sys},
 		upstream: tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, Count: 3, NoDelay: true, CC: sys},
 	}, {
 		name:     "disabled",
@@ -167,6 +170,7 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			echo := newEcho(t)
 			cfg := tc.cfg
 			cfg.Endpoints = []string{echo.addr()}
+			cfg.ListenAddresses = []string{net.JoinHostPort(ip, "0")}
 			r := start(t, cfg)
 			c := dial(t, r.addr())
 			// The upstream is attached before any byte is copied, and the
@@ -197,30 +201,24 @@ func TestSocketOptionsBothSides(t *testing.T) {
 	}
 }
 
-// The congestion control is set on loopback client connections only: one
-// accepted on another address of this host (a client in a pod, on the
-// node's address) keeps the system's, on the proxy's own listener and on
-// a caller's alike, and on a wildcard listener, which takes both.
-func TestLoopbackCongestionOnLoopbackOnly(t *testing.T) {
+// A client connection's options follow the address it reached, on the
+// proxy's own listener and on a caller's alike, and on a wildcard
+// listener, which takes both kinds: on loopback, the loopback congestion
+// control and no keepalive or TCP_USER_TIMEOUT of the proxy's (a
+// caller's listener keeps Go's keepalive, 15s); on another address of
+// this host (a client in a pod, on the node's address), Config.KeepAlive
+// and UserTimeout, and the system's congestion control.
+func TestClientOptionsByAddress(t *testing.T) {
 	sys, other := systemCC(t)
-	var ip string
-	addrs, err := net.InterfaceAddrs()
-	require.NoError(t, err)
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && n.IP.IsGlobalUnicast() {
-			ip = n.IP.String()
-			break
-		}
-	}
-	if ip == "" {
-		t.Skip("no IPv4 address on this host but loopback")
-	}
+	ip := hostIPv4(t)
+	remote := tcpOpts{KeepAlive: true, Idle: 5, Interval: 5, UserTimeout: 10000, NoDelay: true, CC: sys}
 	for _, tc := range []struct {
-		name string
-		cfg  localproxy.Config
+		name     string
+		cfg      localproxy.Config
+		loopback tcpOpts
 	}{
-		{"own listeners", localproxy.Config{}},
-		{"caller's listeners", localproxy.Config{Listen: plainListen}},
+		{"own listeners", localproxy.Config{}, tcpOpts{NoDelay: true, CC: other}},
+		{"caller's listeners", localproxy.Config{Listen: plainListen}, tcpOpts{KeepAlive: true, Idle: 15, Interval: 15, Count: 9, NoDelay: true, CC: other}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			echo := newEcho(t)
@@ -232,24 +230,92 @@ func TestLoopbackCongestionOnLoopbackOnly(t *testing.T) {
 			addrs := r.Addrs()
 			require.Len(t, addrs, 3)
 			wildPort := strconv.Itoa(addrs[2].(*net.TCPAddr).Port)
-			want := map[string]string{}
+			want := map[string]tcpOpts{}
 			for i, a := range []string{addrs[0].String(), addrs[1].String(), net.JoinHostPort("127.0.0.1", wildPort), net.JoinHostPort(ip, wildPort)} {
 				c := dial(t, a)
-				require.NoError(t, roundTrip(c, "cc"))
-				want[c.LocalAddr().String()] = []string{other, sys}[i%2]
+				require.NoError(t, roundTrip(c, "options"))
+				want[c.LocalAddr().String()] = []tcpOpts{tc.loopback, remote}[i%2]
 			}
 			ends := r.CopyEnds()
 			require.Len(t, ends, 4)
 			for _, e := range ends {
 				var got tcpOpts
+				var err error
 				if e.OnLoop {
 					got, err = readTCPOptsFD(e.FDs[0])
 				} else {
 					got, err = readTCPOpts(e.Client)
 				}
 				require.NoError(t, err)
-				assert.Equal(t, want[e.ClientAddr.String()], got.CC, "client %s on %s", e.ClientAddr, e.ClientLocal)
+				assert.Equal(t, want[e.ClientAddr.String()], got, "client %s on %s", e.ClientAddr, e.ClientLocal)
 			}
+		})
+	}
+}
+
+// hostIPv4 returns an IPv4 address of this host other than loopback's: a
+// client on it is one in a pod, or on another host; skips t without one.
+func hostIPv4(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && n.IP.IsGlobalUnicast() {
+			return n.IP.String()
+		}
+	}
+	t.Skip("no IPv4 address on this host but loopback")
+	return ""
+}
+
+// A client on loopback that stops reading while its answer streams in
+// keeps its connection for as long as it stops, as a direct connection
+// would: a kubelet stalled under pressure, or kubectl -w piped into a
+// pager, is not cut off after UserTimeout (since Linux 5.11 a window kept
+// shut counts against TCP_USER_TIMEOUT). A loopback peer cannot vanish
+// unseen, its kernel being this one. A client on another address of the
+// host (one in a pod) is cut off after it, as a dead peer is: the stall
+// is long enough to tell.
+func TestStalledReaderKeptOnLoopbackOnly(t *testing.T) {
+	ip := hostIPv4(t)
+	for _, tc := range []struct {
+		name, host string
+		kept       bool
+	}{
+		{"loopback", "127.0.0.1", true},
+		{"host address", ip, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 64 << 20
+			sent := make(chan error, 1)
+			srv := newServer(t, func(c *net.TCPConn) {
+				chunk := make([]byte, 64<<10)
+				var err error
+				for n := 0; n < size && err == nil; n += len(chunk) {
+					_, err = c.Write(chunk)
+				}
+				sent <- err
+				c.CloseWrite()
+				io.Copy(io.Discard, c)
+			})
+			r := start(t, localproxy.Config{Endpoints: []string{srv.addr()}, ListenAddresses: []string{net.JoinHostPort(tc.host, "0")}, UserTimeout: time.Second})
+			d := net.Dialer{Control: smallRcvBuf}
+			c, err := d.Dial("tcp", r.addr())
+			require.NoError(t, err)
+			t.Cleanup(func() { c.Close() })
+			// The stall: five times the user timeout, with the answer's
+			// bytes queued in front of the client.
+			time.Sleep(5 * time.Second)
+			c.SetReadDeadline(time.Now().Add(time.Minute))
+			n, err := io.Copy(io.Discard, c)
+			if !tc.kept {
+				assert.True(t, err != nil || n < size, "a stalled client on %s kept its connection: %d bytes, %v", tc.host, n, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, int64(size), n, "bytes read after the stall")
+			assert.NoError(t, <-sent, "the server's writes")
 		})
 	}
 }
