@@ -23,13 +23,16 @@ import (
 	"github.com/apifailover/apifailover/transport/upstream"
 )
 
-// needLoopSockets skips t when r's loop waits through Go's network poller
-// (one P: go test -cpu 1): such a loop accepts and dials nothing itself, Go's
-// accept and dialer do, and it takes their connections over once they are
-// connected (TestLoopWithOneP).
+// loopOwnsSockets: r's loop accepts and dials itself. One that waits
+// through Go's network poller (one P: go test -cpu 1) does neither: Go's
+// accept and dialer do, and the loop takes their connections over once
+// they are connected (TestLoopWithOneP).
+func loopOwnsSockets(r *running) bool { return r.LoopMode() != "poller" }
+
+// needLoopSockets skips t unless r's loop accepts and dials itself.
 func needLoopSockets(t *testing.T, r *running) {
 	t.Helper()
-	if r.LoopMode() == "poller" {
+	if !loopOwnsSockets(r) {
 		t.Skip("one P: the loop leaves accepting and dialing to Go")
 	}
 }

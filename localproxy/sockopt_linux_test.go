@@ -81,6 +81,16 @@ func readTCPOptsFD(fd int) (tcpOpts, error) {
 	return o, gerr
 }
 
+// readEndOpts reads tcpOpts back from side (0: the client's, 1: the
+// upstream's) of a proxied connection: from the loop's descriptor, or
+// from the net.Conn.
+func readEndOpts(e localproxy.CopyEnds, side int) (tcpOpts, error) {
+	if e.OnLoop {
+		return readTCPOptsFD(e.FDs[side])
+	}
+	return readTCPOpts([]net.Conn{e.Client, e.Upstream}[side])
+}
+
 // plainListen is a Config.Listen with Go's defaults (keepalive on every
 // accepted connection), but plain TCP, not Multipath TCP: the proxy's
 // listeners are plain TCP.
@@ -182,19 +192,13 @@ func TestSocketOptionsBothSides(t *testing.T) {
 			require.Equal(t, echo.addr(), ends[0].UpstreamAddr.String(), "not the upstream socket")
 			// With one P (go test -cpu 1), Go accepts (needLoopSockets):
 			// the options are the same.
-			onLoop := (tc.onLoop || tc.cfg.Listen == nil) && r.LoopMode() != "poller"
+			onLoop := (tc.onLoop || tc.cfg.Listen == nil) && loopOwnsSockets(r)
 			assert.Equal(t, onLoop, ends[0].Client == nil, "accepted by the loop")
 
-			read := func(side int, nc net.Conn) (tcpOpts, error) {
-				if ends[0].OnLoop {
-					return readTCPOptsFD(ends[0].FDs[side])
-				}
-				return readTCPOpts(nc)
-			}
-			got, err := read(0, ends[0].Client)
+			got, err := readEndOpts(ends[0], 0)
 			require.NoError(t, err)
 			assert.Equal(t, tc.client, got, "client side")
-			got, err = read(1, ends[0].Upstream)
+			got, err = readEndOpts(ends[0], 1)
 			require.NoError(t, err)
 			assert.Equal(t, tc.upstream, got, "upstream side")
 		})
@@ -239,13 +243,7 @@ func TestClientOptionsByAddress(t *testing.T) {
 			ends := r.CopyEnds()
 			require.Len(t, ends, 4)
 			for _, e := range ends {
-				var got tcpOpts
-				var err error
-				if e.OnLoop {
-					got, err = readTCPOptsFD(e.FDs[0])
-				} else {
-					got, err = readTCPOpts(e.Client)
-				}
+				got, err := readEndOpts(e, 0)
 				require.NoError(t, err)
 				assert.Equal(t, want[e.ClientAddr.String()], got, "client %s on %s", e.ClientAddr, e.ClientLocal)
 			}
